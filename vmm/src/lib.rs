@@ -1,0 +1,3 @@
+//! burrow's VMM: boots and runs one microVM per process on KVM.
+
+pub mod probe;

@@ -1,0 +1,167 @@
+//! A tiny guest that proves a `/dev/kvm` really runs guest code.
+//!
+//! The guest is six bytes of 16-bit real-mode code: it writes one byte to an
+//! I/O port and halts. Running it exercises VM and vCPU creation, a memory
+//! slot, register setup and the two most basic exits (port I/O and HLT),
+//! which is what `burrow check` and the first test-host test need to know.
+
+use kvm_bindings::kvm_userspace_memory_region;
+use kvm_ioctls::{Kvm, VcpuExit};
+
+/// Port the tiny guest writes to.
+pub const PROBE_PORT: u16 = 0x10;
+/// Byte the tiny guest writes.
+pub const PROBE_BYTE: u8 = 0x42;
+
+const GUEST_ADDR: u64 = 0x1000;
+const MEM_SIZE: usize = 0x4000;
+/// Exits to tolerate before deciding the guest is stuck.
+const MAX_EXITS: usize = 64;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("cannot open /dev/kvm: {0}")]
+    Open(#[source] kvm_ioctls::Error),
+    #[error("KVM ioctl {what} failed: {source}")]
+    Ioctl {
+        what: &'static str,
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    #[error("cannot map guest memory: {0}")]
+    Mmap(#[source] std::io::Error),
+    #[error("guest wrote {len} byte(s) to port {port:#x}, expected one byte to {PROBE_PORT:#x}")]
+    UnexpectedIo { port: u16, len: usize },
+    #[error("guest halted without writing to port {PROBE_PORT:#x}")]
+    NoOutput,
+    #[error("guest stopped with unexpected exit: {0}")]
+    UnexpectedExit(String),
+    #[error("guest did not halt after {MAX_EXITS} exits")]
+    Stuck,
+}
+
+/// What the tiny guest did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProbeOutcome {
+    /// The byte written to [`PROBE_PORT`].
+    pub byte: u8,
+    /// Number of exits the run took (I/O plus HLT, normally 2).
+    pub exits: usize,
+}
+
+fn ioctl<T>(what: &'static str, r: Result<T, kvm_ioctls::Error>) -> Result<T, ProbeError> {
+    r.map_err(|source| ProbeError::Ioctl { what, source })
+}
+
+/// Guest memory for the probe, unmapped on drop.
+struct Mapping {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Mapping {
+    fn new(len: usize) -> Result<Self, ProbeError> {
+        // SAFETY: anonymous private mapping with no address hint; the result
+        // is checked before use.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(ProbeError::Mmap(std::io::Error::last_os_error()));
+        }
+        Ok(Self {
+            ptr: ptr.cast(),
+            len,
+        })
+    }
+
+    fn write(&mut self, offset: usize, bytes: &[u8]) {
+        assert!(offset + bytes.len() <= self.len, "probe code fits its mapping");
+        // SAFETY: the range was checked against the mapping's length above.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr.add(offset), bytes.len()) };
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len describe a mapping created in `new` and not yet unmapped.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// Real-mode code: `mov dx, PROBE_PORT; mov al, PROBE_BYTE; out dx, al; hlt`.
+fn probe_code() -> [u8; 7] {
+    let [lo, hi] = PROBE_PORT.to_le_bytes();
+    [0xba, lo, hi, 0xb0, PROBE_BYTE, 0xee, 0xf4]
+}
+
+/// Create a VM on `/dev/kvm`, run the tiny guest and report what it wrote.
+pub fn run_tiny_guest() -> Result<ProbeOutcome, ProbeError> {
+    // Declared before the VM so that it is unmapped only after the VM is gone.
+    let mut mem = Mapping::new(MEM_SIZE)?;
+    mem.write(GUEST_ADDR as usize, &probe_code());
+    let kvm = Kvm::new().map_err(ProbeError::Open)?;
+    let vm = ioctl("KVM_CREATE_VM", kvm.create_vm())?;
+    let region = kvm_userspace_memory_region {
+        slot: 0,
+        guest_phys_addr: 0,
+        memory_size: MEM_SIZE as u64,
+        userspace_addr: mem.ptr as u64,
+        flags: 0,
+    };
+    // SAFETY: the region describes `mem`, which outlives the VM.
+    ioctl("KVM_SET_USER_MEMORY_REGION", unsafe {
+        vm.set_user_memory_region(region)
+    })?;
+
+    let mut vcpu = ioctl("KVM_CREATE_VCPU", vm.create_vcpu(0))?;
+    let mut sregs = ioctl("KVM_GET_SREGS", vcpu.get_sregs())?;
+    sregs.cs.base = 0;
+    sregs.cs.selector = 0;
+    ioctl("KVM_SET_SREGS", vcpu.set_sregs(&sregs))?;
+    let mut regs = ioctl("KVM_GET_REGS", vcpu.get_regs())?;
+    regs.rip = GUEST_ADDR;
+    regs.rflags = 0x2;
+    ioctl("KVM_SET_REGS", vcpu.set_regs(&regs))?;
+
+    let mut written = None;
+    for exits in 1..=MAX_EXITS {
+        match ioctl("KVM_RUN", vcpu.run())? {
+            VcpuExit::IoOut(port, data) => {
+                if port != PROBE_PORT || data.len() != 1 {
+                    return Err(ProbeError::UnexpectedIo {
+                        port,
+                        len: data.len(),
+                    });
+                }
+                written = data.first().copied();
+            }
+            VcpuExit::Hlt => {
+                let byte = written.ok_or(ProbeError::NoOutput)?;
+                return Ok(ProbeOutcome { byte, exits });
+            }
+            other => return Err(ProbeError::UnexpectedExit(format!("{other:?}"))),
+        }
+    }
+    Err(ProbeError::Stuck)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probe_code_is_out_then_hlt() {
+        let code = probe_code();
+        assert_eq!(code[0], 0xba, "mov dx, imm16");
+        assert_eq!(u16::from_le_bytes([code[1], code[2]]), PROBE_PORT);
+        assert_eq!(&code[3..], &[0xb0, PROBE_BYTE, 0xee, 0xf4]);
+    }
+}

@@ -26,3 +26,40 @@ pub fn require_hardware_kvm() {
         );
     }
 }
+
+/// Path of a binary built from this workspace (`burrow-vmm`, `burrow`, ...),
+/// found beside the running test executable in cargo's target directory.
+/// Panics with a clear message if it has not been built.
+pub fn workspace_bin(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("current test executable");
+    // target/<profile>/deps/<test>-<hash> -> target/<profile>/<name>
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("test executable lives in target/<profile>/deps");
+    let bin = profile_dir.join(name);
+    assert!(
+        bin.is_file(),
+        "{} is missing: build the workspace first (`cargo build --workspace`), \
+         as the README's test command does",
+        bin.display()
+    );
+    bin
+}
+
+/// Path named by environment variable `var`, which the README's test command
+/// sets to a built asset (guest kernel, initramfs, ...). Panics with a clear
+/// message naming the script that builds it if the variable is unset or the
+/// file is missing.
+pub fn asset_from_env(var: &str, built_by: &str) -> std::path::PathBuf {
+    let path = std::env::var_os(var).unwrap_or_else(|| {
+        panic!("{var} is not set: build the asset with `{built_by}` and export its path as {var} (the README's test command does this)")
+    });
+    let path = std::path::PathBuf::from(path);
+    assert!(
+        path.exists(),
+        "{var}={} does not exist: rebuild it with `{built_by}`",
+        path.display()
+    );
+    path
+}

@@ -1,3 +1,4 @@
 //! burrow's VMM: boots and runs one microVM per process on KVM.
 
 pub mod probe;
+pub mod x86_64;

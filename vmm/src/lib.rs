@@ -1,4 +1,5 @@
 //! burrow's VMM: boots and runs one microVM per process on KVM.
 
+pub mod devices;
 pub mod probe;
 pub mod x86_64;

@@ -1,0 +1,3 @@
+//! Devices: legacy (serial, i8042) and virtio.
+
+pub mod virtio;

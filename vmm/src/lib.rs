@@ -2,4 +2,5 @@
 
 pub mod devices;
 pub mod probe;
+pub mod snapshot;
 pub mod x86_64;

@@ -1,13 +1,149 @@
 //! `burrow-vmm`: one process per microVM.
+//!
+//! `burrow-vmm run --kernel PATH [--initrd PATH] [--cmdline STR] [--disk PATH[:ro]]...
+//! [--vsock PATH] [--vcpus N] [--mem MiB] [--serial-log PATH] [--api PATH] [--paused]`
+//!
+//! Exit status: 0 when the guest reboots or powers off (or the controller
+//! stops it), 1 when the guest crashed (panic, triple fault) or the VMM
+//! failed while running, 2 when the VM could not be built.
 
-use anyhow::Result;
+use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
+use std::process::ExitCode;
 
-fn main() -> Result<()> {
+use anyhow::Context;
+use burrow_vmm::config::{DiskConfig, SerialOutput, VsockConfig, DEFAULT_CMDLINE};
+use burrow_vmm::{VmConfig, Vmm};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "burrow-vmm", about = "burrow's VMM: one KVM microVM per process")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Boot a VM and run it until it exits.
+    Run(Box<RunArgs>),
+    /// Run a tiny real-mode guest to check that /dev/kvm runs guest code.
+    Probe,
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Uncompressed ELF kernel (vmlinux); PVH entry used when present.
+    #[arg(long)]
+    kernel: PathBuf,
+    /// initramfs (newc cpio, optionally compressed as the kernel supports).
+    #[arg(long)]
+    initrd: Option<PathBuf>,
+    /// Kernel command line (virtio-mmio device entries are appended).
+    #[arg(long, default_value = DEFAULT_CMDLINE)]
+    cmdline: String,
+    /// Extra arguments appended to the command line.
+    #[arg(long)]
+    append: Option<String>,
+    /// Raw disk image, `PATH` (read-write) or `PATH:ro`; repeatable.
+    #[arg(long = "disk")]
+    disks: Vec<DiskConfig>,
+    /// Host side of vsock: unix socket path (guest connections go to PATH_<port>).
+    #[arg(long)]
+    vsock: Option<PathBuf>,
+    /// Guest vsock CID.
+    #[arg(long, default_value_t = 3)]
+    cid: u64,
+    #[arg(long, default_value_t = 1)]
+    vcpus: u8,
+    /// Guest memory in MiB.
+    #[arg(long, default_value_t = 256)]
+    mem: u64,
+    /// Write the serial console to this file instead of stdout.
+    #[arg(long)]
+    serial_log: Option<PathBuf>,
+    /// Control API socket (JSON lines).
+    #[arg(long)]
+    api: Option<PathBuf>,
+    /// Wait for a `start` command on the API socket before running vCPUs.
+    #[arg(long, requires = "api")]
+    paused: bool,
+}
+
+fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
         .with_writer(std::io::stderr)
         .init();
-    let outcome = burrow_vmm::probe::run_tiny_guest()?;
-    println!("tiny guest wrote {:#x} in {} exits", outcome.byte, outcome.exits);
-    Ok(())
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Probe => match burrow_vmm::probe::run_tiny_guest() {
+            Ok(o) => {
+                println!("tiny guest wrote {:#x} in {} exits", o.byte, o.exits);
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("burrow-vmm: {e}");
+                ExitCode::from(2)
+            }
+        },
+        Cmd::Run(args) => run(*args),
+    }
+}
+
+fn build(args: &RunArgs) -> anyhow::Result<(Vmm, Option<UnixListener>)> {
+    let mut config = VmConfig::new(args.kernel.clone());
+    config.initrd = args.initrd.clone();
+    config.cmdline = args.cmdline.clone();
+    if let Some(extra) = &args.append {
+        config.cmdline.push(' ');
+        config.cmdline.push_str(extra);
+    }
+    config.disks = args.disks.clone();
+    config.vsock = args.vsock.as_ref().map(|p| VsockConfig {
+        uds_path: p.clone(),
+        guest_cid: args.cid,
+    });
+    config.vcpus = args.vcpus;
+    config.mem_mib = args.mem;
+    config.serial = match &args.serial_log {
+        Some(p) => SerialOutput::File(p.clone()),
+        None => SerialOutput::Stdout,
+    };
+    // SAFETY: isatty only inspects the descriptor.
+    config.serial_stdin = args.serial_log.is_none() && unsafe { libc::isatty(libc::STDIN_FILENO) } == 1;
+    let api = match &args.api {
+        Some(p) => {
+            if p.exists() {
+                std::fs::remove_file(p).with_context(|| format!("removing stale {}", p.display()))?;
+            }
+            Some(UnixListener::bind(p).with_context(|| format!("binding API socket {}", p.display()))?)
+        }
+        None => None,
+    };
+    let vmm = Vmm::build(&config).context("building the VM")?;
+    Ok((vmm, api))
+}
+
+fn run(args: RunArgs) -> ExitCode {
+    let (vmm, api) = match build(&args) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("burrow-vmm: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let reason = vmm.run(api, !args.paused);
+    if let Some(p) = &args.api {
+        let _ = std::fs::remove_file(p);
+    }
+    eprintln!("burrow-vmm: {reason}");
+    if reason.success() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
 }

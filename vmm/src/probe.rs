@@ -153,6 +153,61 @@ pub fn run_tiny_guest() -> Result<ProbeOutcome, ProbeError> {
     Err(ProbeError::Stuck)
 }
 
+/// Tiny kernels for VMM tests: an ELF64 executable whose single loadable
+/// segment is `code` at physical address `entry`. With `pvh`, it carries the
+/// Xen PVH entry note (so the VMM starts it in 32-bit protected mode);
+/// without, the VMM uses the 64-bit Linux boot protocol (long mode).
+pub fn tiny_elf(entry: u64, code: &[u8], pvh: bool) -> Vec<u8> {
+    const EHDR: usize = 64;
+    const PHDR: usize = 56;
+    let phnum: usize = if pvh { 2 } else { 1 };
+    let note_off = EHDR + PHDR * phnum;
+    let note: Vec<u8> = if pvh {
+        let mut n = Vec::new();
+        n.extend_from_slice(&4u32.to_le_bytes()); // namesz
+        n.extend_from_slice(&4u32.to_le_bytes()); // descsz
+        n.extend_from_slice(&18u32.to_le_bytes()); // XEN_ELFNOTE_PHYS32_ENTRY
+        n.extend_from_slice(b"Xen\0");
+        n.extend_from_slice(&(entry as u32).to_le_bytes());
+        n
+    } else {
+        Vec::new()
+    };
+    let code_off = note_off + note.len();
+    let mut e = vec![0u8; EHDR];
+    e[0..4].copy_from_slice(b"\x7fELF");
+    e[4] = 2; // 64-bit
+    e[5] = 1; // little endian
+    e[6] = 1; // version
+    e[16..18].copy_from_slice(&2u16.to_le_bytes()); // ET_EXEC
+    e[18..20].copy_from_slice(&62u16.to_le_bytes()); // x86-64
+    e[20..24].copy_from_slice(&1u32.to_le_bytes());
+    e[24..32].copy_from_slice(&entry.to_le_bytes());
+    e[32..40].copy_from_slice(&(EHDR as u64).to_le_bytes()); // phoff
+    e[52..54].copy_from_slice(&(EHDR as u16).to_le_bytes());
+    e[54..56].copy_from_slice(&(PHDR as u16).to_le_bytes());
+    e[56..58].copy_from_slice(&(phnum as u16).to_le_bytes());
+    let phdr = |kind: u32, flags: u32, off: usize, addr: u64, len: usize, align: u64| {
+        let mut p = Vec::with_capacity(PHDR);
+        p.extend_from_slice(&kind.to_le_bytes());
+        p.extend_from_slice(&flags.to_le_bytes());
+        p.extend_from_slice(&(off as u64).to_le_bytes());
+        p.extend_from_slice(&addr.to_le_bytes());
+        p.extend_from_slice(&addr.to_le_bytes());
+        p.extend_from_slice(&(len as u64).to_le_bytes());
+        p.extend_from_slice(&(len as u64).to_le_bytes());
+        p.extend_from_slice(&align.to_le_bytes());
+        p
+    };
+    e.extend(phdr(1, 5, code_off, entry, code.len(), 0x1000)); // PT_LOAD R+X
+    if pvh {
+        e.extend(phdr(4, 4, note_off, 0, note.len(), 4)); // PT_NOTE
+    }
+    e.extend_from_slice(&note);
+    e.extend_from_slice(code);
+    e
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

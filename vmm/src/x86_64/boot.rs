@@ -306,12 +306,24 @@ mod tests {
     }
 
     #[test]
+    fn pvh_note_selects_pvh() {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 32 << 20)]).unwrap();
+        let k = std::env::temp_dir().join(format!("burrow-pvh-{}", std::process::id()));
+        std::fs::write(&k, crate::probe::tiny_elf(0x20_0000, &[0xf4], true)).unwrap();
+        let e = load(&mem, 32 << 20, &k, None, "").unwrap();
+        assert_eq!(e, BootEntry { protocol: BootProtocol::Pvh, entry: 0x20_0000 });
+        let magic: u32 = mem.read_obj(GuestAddress(PVH_INFO_START)).unwrap();
+        assert_eq!(magic, XEN_HVM_START_MAGIC);
+        std::fs::remove_file(&k).unwrap();
+    }
+
+    #[test]
     fn loads_a_minimal_elf_with_pvh_note_absent() {
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 32 << 20)]).unwrap();
         let dir = std::env::temp_dir().join(format!("burrow-boot-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let k = dir.join("vmlinux");
-        std::fs::write(&k, tiny_elf(0x100_0000, &[0xf4])).unwrap();
+        std::fs::write(&k, crate::probe::tiny_elf(0x100_0000, &[0xf4], false)).unwrap();
         let initrd = dir.join("initrd");
         std::fs::write(&initrd, b"070701").unwrap();
         let e = load(&mem, 32 << 20, &k, Some(&initrd), "console=ttyS0").unwrap();
@@ -324,33 +336,5 @@ mod tests {
         mem.read_slice(&mut magic, GuestAddress(addr)).unwrap();
         assert_eq!(&magic, b"070701");
         std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    /// A one-segment ELF64 executable whose code is `code` at `addr`.
-    pub(crate) fn tiny_elf(addr: u64, code: &[u8]) -> Vec<u8> {
-        let mut e = vec![0u8; 64 + 56];
-        e[0..4].copy_from_slice(b"\x7fELF");
-        e[4] = 2; // 64-bit
-        e[5] = 1; // little endian
-        e[6] = 1;
-        e[16..18].copy_from_slice(&2u16.to_le_bytes()); // ET_EXEC
-        e[18..20].copy_from_slice(&62u16.to_le_bytes()); // x86-64
-        e[20..24].copy_from_slice(&1u32.to_le_bytes());
-        e[24..32].copy_from_slice(&addr.to_le_bytes()); // entry
-        e[32..40].copy_from_slice(&64u64.to_le_bytes()); // phoff
-        e[52..54].copy_from_slice(&64u16.to_le_bytes()); // ehsize
-        e[54..56].copy_from_slice(&56u16.to_le_bytes()); // phentsize
-        e[56..58].copy_from_slice(&1u16.to_le_bytes()); // phnum
-        let ph = 64;
-        e[ph..ph + 4].copy_from_slice(&1u32.to_le_bytes()); // PT_LOAD
-        e[ph + 4..ph + 8].copy_from_slice(&5u32.to_le_bytes()); // R+X
-        e[ph + 8..ph + 16].copy_from_slice(&120u64.to_le_bytes()); // offset
-        e[ph + 16..ph + 24].copy_from_slice(&addr.to_le_bytes()); // vaddr
-        e[ph + 24..ph + 32].copy_from_slice(&addr.to_le_bytes()); // paddr
-        e[ph + 32..ph + 40].copy_from_slice(&(code.len() as u64).to_le_bytes());
-        e[ph + 40..ph + 48].copy_from_slice(&(code.len() as u64).to_le_bytes());
-        e[ph + 48..ph + 56].copy_from_slice(&0x1000u64.to_le_bytes());
-        e.extend_from_slice(code);
-        e
     }
 }

@@ -217,6 +217,7 @@ pub fn configure_vcpu(
     mem: &GuestMemoryMmap,
     protocol: BootProtocol,
     entry: u64,
+    boot_cpu: bool,
 ) -> Result<(), RegsError> {
     let ioctl = |what| move |e| RegsError::Ioctl(what, e);
     // MSRs
@@ -230,6 +231,21 @@ pub fn configure_vcpu(
         .collect();
     let msrs = Msrs::from_entries(&entries).map_err(|_| RegsError::Msrs)?;
     vcpu.set_msrs(&msrs).map_err(ioctl("KVM_SET_MSRS"))?;
+    if boot_cpu {
+        set_boot_registers(vcpu, mem, protocol, entry)?;
+    }
+    set_lint(vcpu)
+}
+
+/// Registers, segments and FPU of the boot CPU (the others start through
+/// INIT/SIPI from the guest).
+fn set_boot_registers(
+    vcpu: &VcpuFd,
+    mem: &GuestMemoryMmap,
+    protocol: BootProtocol,
+    entry: u64,
+) -> Result<(), RegsError> {
+    let ioctl = |what| move |e| RegsError::Ioctl(what, e);
     // general and special registers
     vcpu.set_regs(&boot_regs(protocol, entry))
         .map_err(ioctl("KVM_SET_REGS"))?;
@@ -243,6 +259,11 @@ pub fn configure_vcpu(
         ..Default::default()
     };
     vcpu.set_fpu(&fpu).map_err(ioctl("KVM_SET_FPU"))?;
+    Ok(())
+}
+
+fn set_lint(vcpu: &VcpuFd) -> Result<(), RegsError> {
+    let ioctl = |what| move |e| RegsError::Ioctl(what, e);
     // LAPIC: LINT0 = ExtINT (legacy PIC), LINT1 = NMI.
     let mut lapic = vcpu.get_lapic().map_err(ioctl("KVM_GET_LAPIC"))?;
     for (off, mode) in [(APIC_LVT0, APIC_MODE_EXTINT), (APIC_LVT1, APIC_MODE_NMI)] {

@@ -1,0 +1,330 @@
+//! vCPU threads: the KVM_RUN loop, port/MMIO dispatch, and the control
+//! protocol the VMM thread uses to pause, stop or inspect them.
+//!
+//! A vCPU blocked in KVM_RUN (a halted guest CPU with the in-kernel LAPIC
+//! never returns to userspace) is interrupted with a real-time signal whose
+//! handler does nothing: KVM_RUN returns EINTR and the thread checks its
+//! requests. Kicks are repeated until acknowledged, which closes the race of
+//! a signal landing just before KVM_RUN.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use kvm_bindings::{KVM_MP_STATE_HALTED, KVM_MP_STATE_INIT_RECEIVED, KVM_MP_STATE_UNINITIALIZED};
+use kvm_ioctls::{VcpuExit, VcpuFd};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::bus::Bus;
+use crate::ExitReason;
+
+/// Events vCPU threads send to the VMM thread.
+#[derive(Debug)]
+pub enum VcpuEvent {
+    Exit(ExitReason),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Want {
+    Run,
+    Pause,
+    Stop,
+}
+
+/// What a vCPU looked like when polled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CpuProbe {
+    /// Halted with interrupts disabled: stopped for good (Linux's halt path).
+    pub halted_for_good: bool,
+    /// Never started (an AP the guest did not bring up).
+    pub not_started: bool,
+}
+
+struct CtlState {
+    want: Want,
+    parked: usize,
+    exited: usize,
+    poll_seq: u64,
+    polls: Vec<(u64, CpuProbe)>,
+}
+
+/// Shared between the VMM thread and every vCPU thread.
+pub struct VcpuControl {
+    attention: AtomicBool,
+    state: Mutex<CtlState>,
+    cv: Condvar,
+}
+
+fn lock(m: &Mutex<CtlState>) -> MutexGuard<'_, CtlState> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+const RFLAGS_IF: u64 = 1 << 9;
+
+fn probe(vcpu: &VcpuFd) -> CpuProbe {
+    let mp = vcpu.get_mp_state().map(|s| s.mp_state).unwrap_or(u32::MAX);
+    let iflag = vcpu.get_regs().map(|r| r.rflags & RFLAGS_IF != 0).unwrap_or(true);
+    CpuProbe {
+        halted_for_good: mp == KVM_MP_STATE_HALTED && !iflag,
+        not_started: mp == KVM_MP_STATE_UNINITIALIZED || mp == KVM_MP_STATE_INIT_RECEIVED,
+    }
+}
+
+impl VcpuControl {
+    pub fn new(count: usize) -> Arc<Self> {
+        Arc::new(Self {
+            attention: AtomicBool::new(false),
+            state: Mutex::new(CtlState {
+                want: Want::Run,
+                parked: 0,
+                exited: 0,
+                poll_seq: 0,
+                polls: vec![(0, CpuProbe::default()); count],
+            }),
+            cv: Condvar::new(),
+        })
+    }
+
+    /// Called by vCPU `id` before each KVM_RUN and after EINTR. Returns
+    /// false if the thread must stop.
+    fn checkpoint(&self, id: usize, vcpu: &VcpuFd) -> bool {
+        if !self.attention.load(Ordering::Acquire) {
+            return true;
+        }
+        let mut st = lock(&self.state);
+        let mut parked = false;
+        loop {
+            let seq = st.poll_seq;
+            if let Some(slot) = st.polls.get_mut(id) {
+                if slot.0 != seq {
+                    *slot = (seq, probe(vcpu));
+                    self.cv.notify_all();
+                }
+            }
+            match st.want {
+                Want::Run => {
+                    if parked {
+                        st.parked -= 1;
+                    }
+                    return true;
+                }
+                Want::Stop => {
+                    if parked {
+                        st.parked -= 1;
+                    }
+                    return false;
+                }
+                Want::Pause => {
+                    if !parked {
+                        parked = true;
+                        st.parked += 1;
+                        self.cv.notify_all();
+                    }
+                    st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+                }
+            }
+        }
+    }
+
+    fn thread_exited(&self) {
+        let mut st = lock(&self.state);
+        st.exited += 1;
+        self.cv.notify_all();
+    }
+
+    fn kick(threads: &[JoinHandle<()>]) {
+        for t in threads {
+            if !t.is_finished() {
+                use std::os::unix::thread::JoinHandleExt;
+                // SAFETY: the thread is alive (checked above; a race only
+                // means signalling a thread that is exiting, which its
+                // handle still keeps valid until joined).
+                unsafe { libc::pthread_kill(t.as_pthread_t(), kick_signal()) };
+            }
+        }
+    }
+
+    /// Kick until `done` holds or `timeout` passes.
+    fn kick_until(
+        &self,
+        threads: &[JoinHandle<()>],
+        timeout: Duration,
+        done: impl Fn(&CtlState) -> bool,
+    ) -> bool {
+        let start = Instant::now();
+        loop {
+            Self::kick(threads);
+            let st = lock(&self.state);
+            if done(&st) {
+                return true;
+            }
+            let (st, _) = self
+                .cv
+                .wait_timeout(st, Duration::from_millis(5))
+                .unwrap_or_else(|p| p.into_inner());
+            if done(&st) {
+                return true;
+            }
+            if start.elapsed() > timeout {
+                return false;
+            }
+        }
+    }
+
+    /// Park every vCPU. Returns false if they did not all park in time.
+    pub fn pause(&self, threads: &[JoinHandle<()>]) -> bool {
+        lock(&self.state).want = Want::Pause;
+        self.attention.store(true, Ordering::Release);
+        let n = threads.len();
+        self.kick_until(threads, Duration::from_secs(2), |s| s.parked + s.exited >= n)
+    }
+
+    pub fn resume(&self) {
+        let mut st = lock(&self.state);
+        st.want = Want::Run;
+        self.attention.store(false, Ordering::Release);
+        self.cv.notify_all();
+    }
+
+    /// Stop every vCPU thread.
+    pub fn stop(&self, threads: &[JoinHandle<()>]) -> bool {
+        lock(&self.state).want = Want::Stop;
+        self.attention.store(true, Ordering::Release);
+        self.cv.notify_all();
+        let n = threads.len();
+        self.kick_until(threads, Duration::from_secs(2), |s| s.exited >= n)
+    }
+
+    /// Probe every vCPU (each answers from its own thread).
+    pub fn poll(&self, threads: &[JoinHandle<()>]) -> Option<Vec<CpuProbe>> {
+        let seq = {
+            let mut st = lock(&self.state);
+            st.poll_seq += 1;
+            st.poll_seq
+        };
+        self.attention.store(true, Ordering::Release);
+        let ok = self.kick_until(threads, Duration::from_millis(500), |s| {
+            s.exited > 0 || s.polls.iter().all(|p| p.0 == seq)
+        });
+        let st = lock(&self.state);
+        if st.want == Want::Run {
+            self.attention.store(false, Ordering::Release);
+        }
+        if !ok || st.exited > 0 {
+            return None;
+        }
+        Some(st.polls.iter().map(|p| p.1).collect())
+    }
+}
+
+extern "C" fn noop_handler(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
+
+/// The signal used to kick vCPUs out of KVM_RUN.
+pub fn kick_signal() -> libc::c_int {
+    vmm_sys_util::signal::SIGRTMIN()
+}
+
+/// Install the no-op kick handler (once per process).
+pub fn install_kick_handler() -> std::io::Result<()> {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    let mut result = Ok(());
+    ONCE.call_once(|| {
+        result = vmm_sys_util::signal::register_signal_handler(kick_signal(), noop_handler)
+            .map_err(|e| std::io::Error::from_raw_os_error(e.errno()));
+    });
+    result
+}
+
+/// Decide whether the guest has halted for good: every CPU is halted with
+/// interrupts off or was never started, and the boot CPU is halted.
+///
+/// This is how `poweroff` ends a guest without ACPI: with no power-off
+/// driver, Linux turns `reboot(POWER_OFF)` into a halt — it stops the other
+/// CPUs and parks each one in `hlt` with interrupts disabled. Nothing but
+/// an NMI/INIT can wake such a CPU, so the VM is finished. (An idle CPU
+/// halts with interrupts enabled, so it is never mistaken for this.)
+pub fn guest_halted(probes: &[CpuProbe]) -> bool {
+    let Some(bsp) = probes.first() else {
+        return false;
+    };
+    bsp.halted_for_good && probes.iter().all(|p| p.halted_for_good || p.not_started)
+}
+
+/// Spawn the thread for one vCPU.
+pub fn spawn(
+    id: usize,
+    mut vcpu: VcpuFd,
+    bus: Arc<Bus>,
+    ctl: Arc<VcpuControl>,
+    events: Sender<VcpuEvent>,
+    wake: Arc<EventFd>,
+) -> std::io::Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(format!("vcpu{id}"))
+        .spawn(move || {
+            let reason = run_loop(id, &mut vcpu, &bus, &ctl);
+            if let Some(r) = reason {
+                let _ = events.send(VcpuEvent::Exit(r));
+                let _ = wake.write(1);
+            }
+            ctl.thread_exited();
+        })
+}
+
+/// Run until the guest exits (Some) or the VMM stops us (None).
+fn run_loop(id: usize, vcpu: &mut VcpuFd, bus: &Bus, ctl: &VcpuControl) -> Option<ExitReason> {
+    loop {
+        if !ctl.checkpoint(id, vcpu) {
+            return None;
+        }
+        match vcpu.run() {
+            Ok(VcpuExit::IoIn(port, data)) => bus.pio_read(port, data),
+            Ok(VcpuExit::IoOut(port, data)) => bus.pio_write(port, data),
+            Ok(VcpuExit::MmioRead(addr, data)) => bus.mmio_read(addr, data),
+            Ok(VcpuExit::MmioWrite(addr, data)) => bus.mmio_write(addr, data),
+            Ok(VcpuExit::Hlt) => return Some(ExitReason::Poweroff),
+            Ok(VcpuExit::Shutdown) => return Some(ExitReason::TripleFault),
+            Ok(VcpuExit::SystemEvent(kind, _)) => {
+                return Some(match kind {
+                    kvm_bindings::KVM_SYSTEM_EVENT_SHUTDOWN => ExitReason::Poweroff,
+                    kvm_bindings::KVM_SYSTEM_EVENT_RESET => ExitReason::Reboot,
+                    other => ExitReason::Error(format!("vcpu{id}: system event {other}")),
+                })
+            }
+            Ok(VcpuExit::FailEntry(reason, cpu)) => {
+                return Some(ExitReason::Error(format!(
+                    "vcpu{id}: KVM entry failed (hardware reason {reason:#x}, cpu {cpu})"
+                )))
+            }
+            Ok(VcpuExit::InternalError) => {
+                return Some(ExitReason::Error(format!("vcpu{id}: KVM internal error")))
+            }
+            Ok(other) => {
+                return Some(ExitReason::Error(format!("vcpu{id}: unexpected exit {other:?}")))
+            }
+            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+                vcpu.set_kvm_immediate_exit(0);
+            }
+            Err(e) => return Some(ExitReason::Error(format!("vcpu{id}: KVM_RUN failed: {e}"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn halt_detection() {
+        let halted = CpuProbe { halted_for_good: true, not_started: false };
+        let idle = CpuProbe::default();
+        let off = CpuProbe { halted_for_good: false, not_started: true };
+        assert!(guest_halted(&[halted]));
+        assert!(guest_halted(&[halted, off, halted]));
+        assert!(!guest_halted(&[halted, idle]));
+        assert!(!guest_halted(&[off, halted]));
+        assert!(!guest_halted(&[]));
+    }
+}

@@ -1,0 +1,228 @@
+//! End-to-end tests of the `burrow-vmm` binary with tiny hand-written
+//! guests. They need a /dev/kvm that runs guest code, which includes our
+//! PVM development machines (no Linux guest needed).
+
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] fns
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use burrow_vmm::probe::tiny_elf;
+
+const ENTRY: u64 = 0x10_0000;
+
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("burrow-tiny-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// 32-bit code: write `text` to COM1.
+fn print32(text: &[u8]) -> Vec<u8> {
+    let mut c = vec![0x66, 0xba, 0xf8, 0x03]; // mov dx, 0x3f8
+    for &b in text {
+        c.extend_from_slice(&[0xb0, b, 0xee]); // mov al, b; out dx, al
+    }
+    c
+}
+
+/// 32-bit code: reset the CPU through the i8042.
+const RESET: [u8; 4] = [0xb0, 0xfe, 0xe6, 0x64]; // mov al, 0xfe; out 0x64, al
+
+fn kernel(dir: &Path, code: &[u8], pvh: bool) -> PathBuf {
+    let k = dir.join("vmlinux");
+    std::fs::write(&k, tiny_elf(ENTRY, code, pvh)).unwrap();
+    k
+}
+
+fn vmm(args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_burrow-vmm"));
+    c.arg("run").args(args).args(["--mem", "32"]);
+    c
+}
+
+fn run_with_timeout(mut cmd: Command, timeout: Duration) -> Output {
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > timeout {
+            child.kill().unwrap();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "burrow-vmm did not exit in {timeout:?}; stdout {:?} stderr {:?}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn pvh_guest_prints_and_reboots_with_status_0() {
+    let d = tmpdir("reboot");
+    let mut code = print32(b"hello from tiny guest\n");
+    code.extend_from_slice(&RESET);
+    code.push(0xf4);
+    let k = kernel(&d, &code, true);
+    let out = run_with_timeout(vmm(&["--kernel", k.to_str().unwrap()]), Duration::from_secs(20));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stdout.contains("hello from tiny guest"), "stdout {stdout:?} stderr {stderr:?}");
+    assert_eq!(out.status.code(), Some(0), "stderr {stderr:?}");
+    assert!(stderr.contains("rebooted"), "{stderr}");
+}
+
+#[test]
+fn long_mode_guest_without_pvh_note() {
+    let d = tmpdir("long");
+    // The same port I/O encodes identically in 64-bit mode.
+    let mut code = print32(b"long mode\n");
+    code.extend_from_slice(&RESET);
+    let k = kernel(&d, &code, false);
+    let out = run_with_timeout(vmm(&["--kernel", k.to_str().unwrap(), "--vcpus", "2"]), Duration::from_secs(20));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("long mode"), "{stdout:?} {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(0));
+}
+
+#[test]
+fn serial_log_file() {
+    let d = tmpdir("log");
+    let mut code = print32(b"to the log\n");
+    code.extend_from_slice(&RESET);
+    let k = kernel(&d, &code, true);
+    let log = d.join("serial.log");
+    let out = run_with_timeout(
+        vmm(&["--kernel", k.to_str().unwrap(), "--serial-log", log.to_str().unwrap()]),
+        Duration::from_secs(20),
+    );
+    assert_eq!(out.status.code(), Some(0));
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("to the log"));
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), "to the log\n");
+}
+
+#[test]
+fn triple_fault_is_a_failure() {
+    let d = tmpdir("fault");
+    // ud2 with an empty IDT: #UD, #DF, then shutdown.
+    let k = kernel(&d, &[0x0f, 0x0b], true);
+    let out = run_with_timeout(vmm(&["--kernel", k.to_str().unwrap()]), Duration::from_secs(20));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("triple-fault"), "{stderr}");
+}
+
+#[test]
+fn halt_with_interrupts_off_is_poweroff() {
+    let d = tmpdir("halt");
+    let mut code = print32(b"halting\n");
+    code.extend_from_slice(&[0xfa, 0xf4, 0xeb, 0xfd]); // cli; hlt; jmp back to hlt
+    let k = kernel(&d, &code, true);
+    let out = run_with_timeout(vmm(&["--kernel", k.to_str().unwrap()]), Duration::from_secs(20));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("powered off"), "{stderr}");
+}
+
+#[test]
+fn guest_reads_virtio_mmio_registers() {
+    let d = tmpdir("mmio");
+    let disk = d.join("disk.img");
+    std::fs::write(&disk, vec![0u8; 4096]).unwrap();
+    // mov eax, [0xd0000000]; then print its 4 bytes; mov eax, [0xd0000008] (device id) + '0'
+    let mut code = vec![0xa1, 0x00, 0x00, 0x00, 0xd0];
+    code.extend_from_slice(&[0x66, 0xba, 0xf8, 0x03]); // mov dx, 0x3f8
+    for _ in 0..4 {
+        code.extend_from_slice(&[0xee, 0xc1, 0xe8, 0x08]); // out dx, al; shr eax, 8
+    }
+    code.extend_from_slice(&[0xa1, 0x08, 0x00, 0x00, 0xd0]); // mov eax, [0xd0000008]
+    code.extend_from_slice(&[0x04, b'0', 0xee]); // add al, '0'; out dx, al
+    code.extend_from_slice(&[0xb0, b'\n', 0xee]);
+    code.extend_from_slice(&RESET);
+    let k = kernel(&d, &code, true);
+    let out = run_with_timeout(
+        vmm(&["--kernel", k.to_str().unwrap(), "--disk", &format!("{}:ro", disk.display())]),
+        Duration::from_secs(20),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("virt2"), "magic then device id 2 (block): {stdout:?}");
+}
+
+#[test]
+fn bad_kernel_is_a_build_error() {
+    let d = tmpdir("badkernel");
+    let k = d.join("vmlinux");
+    std::fs::write(&k, b"not an elf").unwrap();
+    let out = run_with_timeout(vmm(&["--kernel", k.to_str().unwrap()]), Duration::from_secs(20));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("kernel"));
+}
+
+fn request(s: &mut BufReader<UnixStream>, cmd: &str) -> String {
+    s.get_mut().write_all(format!("{{\"cmd\":\"{cmd}\"}}\n").as_bytes()).unwrap();
+    loop {
+        let mut line = String::new();
+        s.read_line(&mut line).unwrap();
+        if line.starts_with("{\"ok\"") {
+            return line;
+        }
+    }
+}
+
+#[test]
+fn control_api_start_pause_resume_stop() {
+    let d = tmpdir("api");
+    let mut code = print32(b"spinning\n");
+    code.extend_from_slice(&[0xeb, 0xfe]); // jmp $
+    let k = kernel(&d, &code, true);
+    let api = d.join("api.sock");
+    let mut cmd = vmm(&["--kernel", k.to_str().unwrap(), "--api", api.to_str().unwrap(), "--paused"]);
+    let child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let start = Instant::now();
+    let stream = loop {
+        if let Ok(s) = UnixStream::connect(&api) {
+            break s;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "API socket never appeared");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut s = BufReader::new(stream);
+    assert!(request(&mut s, "status").contains("created"));
+    assert!(request(&mut s, "start").contains("running"));
+    assert!(request(&mut s, "pause").contains("paused"));
+    assert!(request(&mut s, "status").contains("paused"));
+    assert!(request(&mut s, "resume").contains("running"));
+    s.get_mut().write_all(b"nonsense\n").unwrap();
+    let mut line = String::new();
+    loop {
+        line.clear();
+        s.read_line(&mut line).unwrap();
+        if line.contains("\"ok\":false") {
+            break;
+        }
+    }
+    s.get_mut().write_all(b"{\"cmd\":\"stop\"}\n").unwrap();
+    let mut saw_exit = false;
+    loop {
+        line.clear();
+        if s.read_line(&mut line).unwrap_or(0) == 0 {
+            break;
+        }
+        if line.contains("\"event\":\"exit\"") && line.contains("stopped") {
+            saw_exit = true;
+        }
+    }
+    assert!(saw_exit, "exit event");
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("spinning"));
+    assert!(!api.exists(), "API socket removed on exit");
+}

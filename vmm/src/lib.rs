@@ -10,6 +10,7 @@ pub mod bus;
 pub mod config;
 pub mod devices;
 pub mod probe;
+pub mod snapshot;
 pub mod vcpu;
 pub mod vmm;
 pub mod x86_64;

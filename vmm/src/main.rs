@@ -42,9 +42,9 @@ struct RunArgs {
     /// Kernel command line (virtio-mmio device entries are appended).
     #[arg(long, default_value = DEFAULT_CMDLINE)]
     cmdline: String,
-    /// Extra arguments appended to the command line.
+    /// Extra arguments appended to the command line; repeatable.
     #[arg(long)]
-    append: Option<String>,
+    append: Vec<String>,
     /// Raw disk image, `PATH` (read-write) or `PATH:ro`; repeatable.
     #[arg(long = "disk")]
     disks: Vec<DiskConfig>,
@@ -98,7 +98,7 @@ fn build(args: &RunArgs) -> anyhow::Result<(Vmm, Option<UnixListener>)> {
     let mut config = VmConfig::new(args.kernel.clone());
     config.initrd = args.initrd.clone();
     config.cmdline = args.cmdline.clone();
-    if let Some(extra) = &args.append {
+    for extra in &args.append {
         config.cmdline.push(' ');
         config.cmdline.push_str(extra);
     }

@@ -1,0 +1,198 @@
+//! burrow-vmm booting the real guest kernel with the VMM test initramfs
+//! (vmm/tests/initramfs/build). Run inside hack/testhost (or on a host with
+//! hardware KVM); each test boots one VM, one at a time.
+
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] fns
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Guest code runs 10-20x slower in the nested test host.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(400);
+/// One VM at a time: the test host has few CPUs.
+static ONE_VM: Mutex<()> = Mutex::new(());
+
+struct Vm {
+    child: Child,
+    dir: PathBuf,
+    serial: PathBuf,
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("burrow-vmm-linux-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn start(name: &str, test: &str, extra: &[&str]) -> Vm {
+    burrow_tests::require_hardware_kvm();
+    let kernel = burrow_tests::asset_from_env("BURROW_GUEST_KERNEL", "guest-kernel/build");
+    let initrd = burrow_tests::asset_from_env("BURROW_VMM_TEST_INITRD", "vmm/tests/initramfs/build");
+    let dir = tmpdir(name);
+    let serial = dir.join("serial.log");
+    let child = Command::new(burrow_tests::workspace_bin("burrow-vmm"))
+        .arg("run")
+        .arg("--kernel")
+        .arg(&kernel)
+        .arg("--initrd")
+        .arg(&initrd)
+        .args(["--append", &format!("burrow.test={test}"), "--mem", "256"])
+        .arg("--serial-log")
+        .arg(&serial)
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("stderr")).unwrap())
+        .spawn()
+        .expect("burrow-vmm starts");
+    Vm { child, dir, serial }
+}
+
+impl Vm {
+    fn serial_text(&self) -> String {
+        std::fs::read_to_string(&self.serial).unwrap_or_default()
+    }
+
+    fn diagnostics(&self) -> String {
+        let stderr = std::fs::read_to_string(self.dir.join("stderr")).unwrap_or_default();
+        format!("--- serial ---\n{}\n--- burrow-vmm stderr ---\n{stderr}", self.serial_text())
+    }
+
+    fn wait_for_serial(&mut self, marker: &str) {
+        let start = Instant::now();
+        while !self.serial_text().contains(marker) {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                panic!("burrow-vmm exited ({st}) before {marker:?}\n{}", self.diagnostics());
+            }
+            assert!(start.elapsed() < BOOT_TIMEOUT, "no {marker:?} in {BOOT_TIMEOUT:?}\n{}", self.diagnostics());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn wait_exit(&mut self) -> ExitStatus {
+        let start = Instant::now();
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return st;
+            }
+            assert!(start.elapsed() < BOOT_TIMEOUT, "burrow-vmm did not exit\n{}", self.diagnostics());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+#[test]
+fn boots_to_marker_and_poweroff_exits_0() {
+    let _one = ONE_VM.lock().unwrap_or_else(|p| p.into_inner());
+    let mut vm = start("poweroff", "poweroff", &["--vcpus", "2"]);
+    vm.wait_for_serial("BURROW-VMM-TEST: booted cpus=2 test=poweroff");
+    let st = vm.wait_exit();
+    assert_eq!(st.code(), Some(0), "{}", vm.diagnostics());
+    let d = vm.diagnostics();
+    assert!(d.contains("guest powered off"), "{d}");
+}
+
+#[test]
+fn reboot_exits_0() {
+    let _one = ONE_VM.lock().unwrap_or_else(|p| p.into_inner());
+    let mut vm = start("reboot", "reboot", &["--append", "quiet"]);
+    vm.wait_for_serial("BURROW-VMM-TEST: booted");
+    let st = vm.wait_exit();
+    assert_eq!(st.code(), Some(0), "{}", vm.diagnostics());
+    assert!(vm.diagnostics().contains("guest rebooted"));
+}
+
+#[test]
+fn block_write_read_back_and_read_only() {
+    let _one = ONE_VM.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tmpdir("disks");
+    let rw = dir.join("rw.img");
+    std::fs::File::create(&rw).unwrap().set_len(16 << 20).unwrap();
+    let ro = dir.join("ro.img");
+    let mut img = b"read-only-ok".to_vec();
+    img.resize(4096, 0);
+    std::fs::write(&ro, &img).unwrap();
+    let rw_arg = rw.display().to_string();
+    let ro_arg = format!("{}:ro", ro.display());
+    let mut vm = start("block", "block", &["--disk", &rw_arg, "--disk", &ro_arg]);
+    let st = vm.wait_exit();
+    let serial = vm.serial_text();
+    assert_eq!(st.code(), Some(0), "{}", vm.diagnostics());
+    assert!(serial.contains("BURROW-VMM-TEST: block rw ok"), "{}", vm.diagnostics());
+    assert!(serial.contains("read-only-ok"), "{}", vm.diagnostics());
+    assert!(serial.contains("BURROW-VMM-TEST: block ro refused"), "{}", vm.diagnostics());
+    // The guest's write reached the host file, and the read-only image is untouched.
+    let data = std::fs::read(&rw).unwrap();
+    assert!(data[1 << 20..(1 << 20) + 65536].iter().any(|&b| b != 0));
+    assert_eq!(std::fs::read(&ro).unwrap(), img);
+}
+
+fn read_line(s: &mut BufReader<UnixStream>) -> String {
+    let mut l = String::new();
+    s.read_line(&mut l).unwrap();
+    l
+}
+
+#[test]
+fn vsock_round_trips_both_ways_and_api_stop() {
+    let _one = ONE_VM.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tmpdir("vsock-sockets");
+    let uds = dir.join("v.sock");
+    let api = dir.join("api.sock");
+    // Guest-initiated connections to port 5000 land here.
+    let listener = UnixListener::bind(format!("{}_5000", uds.display())).unwrap();
+    let guest_side = std::thread::spawn(move || {
+        let (s, _) = listener.accept().unwrap();
+        s.set_read_timeout(Some(BOOT_TIMEOUT)).unwrap();
+        let mut s = BufReader::new(s);
+        let got = read_line(&mut s);
+        s.get_mut().write_all(b"reply-from-host\n").unwrap();
+        got
+    });
+    let mut vm = start(
+        "vsock",
+        "vsock",
+        &["--vsock", uds.to_str().unwrap(), "--api", api.to_str().unwrap(), "--append", "quiet"],
+    );
+    vm.wait_for_serial("BURROW-VMM-TEST: vsock listening");
+
+    // host -> guest: the guest runs an echo server on port 1024.
+    let s = UnixStream::connect(&uds).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let mut s = BufReader::new(s);
+    s.get_mut().write_all(b"CONNECT 1024\n").unwrap();
+    let ok = read_line(&mut s);
+    assert!(ok.starts_with("OK ") && ok.ends_with('\n'), "{ok:?}\n{}", vm.diagnostics());
+    let big: String = (0..2000).map(|i| format!("{i:05}")).collect();
+    s.get_mut().write_all(format!("ping-from-host {big}\n").as_bytes()).unwrap();
+    assert_eq!(read_line(&mut s), format!("ping-from-host {big}\n"));
+
+    // guest -> host
+    assert_eq!(guest_side.join().unwrap(), "hello-from-guest\n");
+    vm.wait_for_serial("BURROW-VMM-TEST: host replied: reply-from-host");
+
+    // Stop through the control API: exit status 0, exit event sent.
+    let c = UnixStream::connect(&api).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut c = BufReader::new(c);
+    c.get_mut().write_all(b"{\"cmd\":\"status\"}\n").unwrap();
+    assert!(read_line(&mut c).contains("running"));
+    c.get_mut().write_all(b"{\"cmd\":\"stop\"}\n").unwrap();
+    let mut rest = String::new();
+    let _ = c.read_to_string(&mut rest);
+    assert!(rest.contains("\"event\":\"exit\""), "{rest}");
+    assert_eq!(vm.wait_exit().code(), Some(0), "{}", vm.diagnostics());
+    drop(s);
+    let _ = std::fs::remove_dir_all(Path::new(&dir));
+}

@@ -132,7 +132,7 @@ fn run(args: RunArgs) -> ExitCode {
     let (vmm, api) = match build(&args) {
         Ok(v) => v,
         Err(e) => {
-            eprintln!("burrow-vmm: {e:#}");
+            eprintln!("burrow-vmm: {}", error_chain(&e));
             return ExitCode::from(2);
         }
     };
@@ -146,4 +146,20 @@ fn run(args: RunArgs) -> ExitCode {
     } else {
         ExitCode::from(1)
     }
+}
+
+/// The error and its causes, skipping causes whose text the message before
+/// already includes (many of our errors quote their source).
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(&text);
+        }
+    }
+    out
 }

@@ -3,6 +3,7 @@
 //! tests), as Firecracker lays out `devices/virtio/<dev>/`.
 
 pub mod block;
+pub mod fuzz;
 pub mod mmio;
 pub mod queue;
 pub mod vsock;

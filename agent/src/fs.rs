@@ -180,24 +180,29 @@ pub fn read(
         return Err(invalid(format!("{} is not a regular file", path.display())));
     }
     let size = u64::try_from(st.st_size).unwrap_or(0);
-    let cap = chunk_len(max);
-    let want = usize::try_from(size.saturating_sub(offset))
-        .unwrap_or(usize::MAX)
-        .min(cap);
+    // Read up to the cap whatever stat says: /proc and /sys files report
+    // size 0 but have content.
+    let mut want = chunk_len(max);
+    if size > 0 {
+        want = want.min(usize::try_from(size.saturating_sub(offset)).unwrap_or(usize::MAX));
+    }
     let mut buf = vec![0u8; want];
     let mut got = 0;
+    let mut eof = false;
     let file = std::fs::File::from(fd);
     while got < want {
         let pos = offset.saturating_add(got as u64);
         let n = std::os::unix::fs::FileExt::read_at(&file, &mut buf[got..], pos)
             .map_err(|e| AgentError::io(format!("read {}", path.display()), e))?;
         if n == 0 {
+            eof = true;
             break;
         }
         got += n;
     }
     buf.truncate(got);
-    let eof = offset.saturating_add(got as u64) >= size;
+    // A full chunk that ends exactly at the (known) size is the end too.
+    let eof = eof || (size > 0 && offset.saturating_add(got as u64) >= size);
     Ok((buf, size, eof))
 }
 

@@ -1,14 +1,55 @@
 //! The protocol between burrow's shim (host) and `burrow-agent` (guest PID 1).
 //!
 //! The service is defined in `proto/agent.proto` and compiled at build time
-//! with ttrpc-codegen's pure-Rust parser. Both sides use the ttrpc and
-//! protobuf versions that `containerd-shim` 0.11 uses; they are re-exported
-//! here so the shim and the agent cannot drift apart.
+//! with ttrpc-codegen's pure-Rust parser (no `protoc`). Both sides use the
+//! ttrpc (0.9, async) and protobuf (3.7) versions that `containerd-shim`
+//! 0.11 uses; they are re-exported here so the shim and the agent cannot
+//! drift apart.
 //!
-//! Host side: connect to the VMM's vsock unix socket, write
-//! `CONNECT 1024\n`, read `OK <n>\n`, then wrap the stream with
-//! [`ttrpc::r#async::transport::Socket::new`] and
-//! [`ttrpc::r#async::Client::new`], and build an [`AgentClient`].
+//! # Connecting (host side)
+//!
+//! Connect to the VMM's vsock unix socket, write `CONNECT 1024\n`
+//! ([`AGENT_VSOCK_PORT`]), read the `OK <n>\n` line byte by byte, then:
+//!
+//! ```ignore
+//! stream.set_nonblocking(true)?;
+//! let stream = tokio::net::UnixStream::from_std(stream)?;
+//! let client = ttrpc::r#async::Client::new(ttrpc::r#async::transport::Socket::new(stream));
+//! let agent = burrow_protocol::AgentClient::new(client);
+//! agent.health(ttrpc::context::with_duration(timeout), &HealthRequest::new()).await?;
+//! ```
+//!
+//! # Lifecycle, as containerd's task API maps onto it
+//!
+//! - Create → `CreateContainer{container_id, oci_spec (config.json bytes),
+//!   rootfs{source: "/dev/vdX", fstype: "ext4", options, writable_overlay},
+//!   stdin}`: mounts the root and the spec's mounts and forks the init,
+//!   held before exec; returns its guest pid.
+//! - Start → `StartContainer`: the init execs (an exec failure such as a
+//!   missing binary is reported here, NOT_FOUND).
+//! - Exec → `ExecProcess{container_id, exec_id, oci_process (the task API's
+//!   process spec JSON), stdin}`: starts at once in the init's namespaces.
+//! - Stdio: one pump per stream calling `ReadStdout`/`ReadStderr` in a loop
+//!   (each returns one chunk of at most `max_bytes` ≤ [`MAX_CHUNK`], or
+//!   `eof`); `WriteStdin` returns how many bytes the pipe took (write the
+//!   rest next); `CloseStdin` when the FIFO closes. With a terminal
+//!   (`process.terminal`), stdout carries the PTY and stderr is at EOF at
+//!   once; `ResizePty` resizes it. Nothing is buffered in the agent: if
+//!   nobody reads, the process blocks on its pipe.
+//! - Wait → `WaitProcess` (blocks; `exit_code` is 128+signal when `signal`
+//!   is non-zero). Kill → `SignalProcess` (`all` for every process of the
+//!   container). Pids → `ListProcesses`. Delete (exec) → `DeleteProcess`
+//!   after it exited; Delete (init) → `DeleteContainer`, which kills what is
+//!   left and unmounts everything.
+//! - exec_id "" is the init; container_id "" is the guest itself (handy for
+//!   diagnostics: exec a shell in the VM, read `/proc/1/status`).
+//! - After a snapshot restore: reconnect, then `SetTime` and `AddEntropy`.
+//!   `PowerOff` answers, then powers the VM off 100 ms later.
+//!
+//! Errors are ttrpc status errors: NOT_FOUND (no such container, process,
+//! file), INVALID_ARGUMENT (bad spec, bad id, oversized field),
+//! ALREADY_EXISTS, FAILED_PRECONDITION (not running, already started,
+//! stdin closed, mount failed), PERMISSION_DENIED, INTERNAL.
 
 pub use protobuf;
 pub use ttrpc;

@@ -1,0 +1,316 @@
+//! burrow-agent as PID 1 in a real VM: burrow-vmm boots the guest kernel
+//! (guest-kernel/build) with the agent initramfs (rootfs/build), and the test
+//! talks ttrpc to the agent over the VMM's hybrid vsock socket. A container
+//! runs from an ext4 block device holding busybox. Run inside hack/testhost
+//! (or on a host with hardware KVM).
+
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] fns
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use burrow_protocol::agent::*;
+use burrow_protocol::ttrpc::{self, context};
+use burrow_protocol::AgentClient;
+
+/// Guest code runs 10-20x slower in the nested test host.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(400);
+
+struct Vm {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Vm {
+    fn diagnostics(&self) -> String {
+        let serial = std::fs::read_to_string(self.dir.join("serial.log")).unwrap_or_default();
+        let stderr = std::fs::read_to_string(self.dir.join("stderr")).unwrap_or_default();
+        format!("--- serial ---\n{serial}\n--- burrow-vmm stderr ---\n{stderr}")
+    }
+}
+
+/// An ext4 image with busybox and a few files for the container.
+fn make_disk(dir: &Path) -> PathBuf {
+    let tree = dir.join("tree");
+    for d in ["bin", "etc", "tmp", "proc", "sys", "dev", "root"] {
+        std::fs::create_dir_all(tree.join(d)).unwrap();
+    }
+    std::fs::copy("/bin/busybox", tree.join("bin/busybox")).expect("/bin/busybox (busybox-static) on the test host");
+    let list = Command::new("/bin/busybox").arg("--list").output().unwrap();
+    for applet in String::from_utf8_lossy(&list.stdout).lines() {
+        if applet != "busybox" {
+            let _ = std::os::unix::fs::symlink("busybox", tree.join("bin").join(applet));
+        }
+    }
+    std::fs::write(tree.join("etc/marker"), "from the disk\n").unwrap();
+    std::os::unix::fs::symlink("/../../../../init", tree.join("escape")).unwrap();
+    let img = dir.join("rootfs.ext4");
+    let st = Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-d"])
+        .arg(&tree)
+        .arg(&img)
+        .arg("64M")
+        .status()
+        .expect("mkfs.ext4 (e2fsprogs)");
+    assert!(st.success(), "mkfs.ext4 failed");
+    img
+}
+
+fn boot(dir: &Path, disk: &Path) -> Vm {
+    burrow_tests::require_hardware_kvm();
+    let kernel = burrow_tests::asset_from_env("BURROW_GUEST_KERNEL", "guest-kernel/build");
+    let initrd = burrow_tests::asset_from_env("BURROW_AGENT_INITRD", "rootfs/build");
+    let child = Command::new(burrow_tests::workspace_bin("burrow-vmm"))
+        .arg("run")
+        .arg("--kernel")
+        .arg(&kernel)
+        .arg("--initrd")
+        .arg(&initrd)
+        .args(["--mem", "512", "--vcpus", "2", "--append", "quiet"])
+        .arg("--disk")
+        .arg(disk)
+        .arg("--vsock")
+        .arg(dir.join("vsock"))
+        .arg("--serial-log")
+        .arg(dir.join("serial.log"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("stderr")).unwrap())
+        .spawn()
+        .expect("burrow-vmm starts");
+    Vm { child, dir: dir.to_path_buf() }
+}
+
+/// Connect through the VMM's hybrid vsock: `CONNECT <port>\n` → `OK <n>\n`.
+fn connect_vsock(vm: &mut Vm) -> UnixStream {
+    let start = Instant::now();
+    loop {
+        if let Some(st) = vm.child.try_wait().unwrap() {
+            panic!("burrow-vmm exited ({st}) before the agent answered\n{}", vm.diagnostics());
+        }
+        assert!(start.elapsed() < BOOT_TIMEOUT, "agent not reachable in {BOOT_TIMEOUT:?}\n{}", vm.diagnostics());
+        if let Ok(mut s) = UnixStream::connect(vm.dir.join("vsock")) {
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            if s.write_all(format!("CONNECT {}\n", burrow_protocol::AGENT_VSOCK_PORT).as_bytes()).is_ok() {
+                let mut line = Vec::new();
+                let mut b = [0u8; 1];
+                while line.len() < 64 {
+                    match s.read(&mut b) {
+                        Ok(1) if b[0] == b'\n' => break,
+                        Ok(1) => line.push(b[0]),
+                        _ => break,
+                    }
+                }
+                if line.starts_with(b"OK ") {
+                    s.set_read_timeout(None).unwrap();
+                    return s;
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn ctx() -> context::Context {
+    context::with_duration(Duration::from_secs(300))
+}
+
+fn process_json(args: &[&str]) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "args": args, "env": ["PATH=/bin:/usr/bin"], "cwd": "/", "user": {"uid": 0, "gid": 0},
+    }))
+    .unwrap()
+}
+
+async fn exec(c: &AgentClient, container: &str, id: &str, args: &[&str]) -> ttrpc::Result<ExecProcessResponse> {
+    let mut req = ExecProcessRequest::new();
+    req.container_id = container.into();
+    req.exec_id = id.into();
+    req.oci_process = process_json(args);
+    c.exec_process(ctx(), &req).await
+}
+
+async fn read_all(c: &AgentClient, container: &str, id: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let mut req = ReadStreamRequest::new();
+        req.container_id = container.into();
+        req.exec_id = id.into();
+        let r = c.read_stdout(ctx(), &req).await.unwrap();
+        if r.eof {
+            return out;
+        }
+        out.extend_from_slice(&r.data);
+    }
+}
+
+async fn wait(c: &AgentClient, container: &str, id: &str) -> WaitProcessResponse {
+    let mut req = ProcessRequest::new();
+    req.container_id = container.into();
+    req.exec_id = id.into();
+    c.wait_process(ctx(), &req).await.unwrap()
+}
+
+fn code_of<T: std::fmt::Debug>(r: ttrpc::Result<T>) -> ttrpc::Code {
+    match r {
+        Err(ttrpc::Error::RpcStatus(s)) => s.code(),
+        other => panic!("expected an RPC status error, got {other:?}"),
+    }
+}
+
+/// Peak RSS of the agent (PID 1 in the guest), KiB, read through the agent.
+async fn agent_peak_kib(c: &AgentClient) -> u64 {
+    let mut r = ReadFileRequest::new();
+    r.path = "/proc/1/status".into();
+    let st = c.read_file(ctx(), &r).await.unwrap();
+    String::from_utf8_lossy(&st.data)
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+#[test]
+#[ignore = "not yet seen passing: the one run so far, in an overloaded hack/testhost, never reached the agent; run with --ignored and BURROW_AGENT_INITRD=$(rootfs/build | tail -1)"]
+fn agent_in_a_vm_runs_a_busybox_container() {
+    let dir = std::env::temp_dir().join(format!("burrow-agent-vm-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let disk = make_disk(&dir);
+    let mut vm = boot(&dir, &disk);
+    let stream = connect_vsock(&mut vm);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rt.block_on(async {
+        stream.set_nonblocking(true).unwrap();
+        let stream = tokio::net::UnixStream::from_std(stream).unwrap();
+        let client = ttrpc::r#async::Client::new(ttrpc::r#async::transport::Socket::new(stream));
+        let c = AgentClient::new(client);
+
+        let h = c.health(ctx(), &HealthRequest::new()).await.unwrap();
+        assert!(h.pid1, "agent is not PID 1");
+        let mut t = SetTimeRequest::new();
+        t.unix_seconds = 1_900_000_000;
+        c.set_time(ctx(), &t).await.unwrap();
+        let mut e = AddEntropyRequest::new();
+        e.data = vec![42u8; 256];
+        c.add_entropy(ctx(), &e).await.unwrap();
+
+        // A container from the busybox disk.
+        let spec = serde_json::json!({
+            "ociVersion": "1.0.2",
+            "process": {"args": ["sh", "-c", "echo hello from busybox; cat /etc/marker; hostname; exec sleep 1000"],
+                        "env": ["PATH=/bin"], "cwd": "/", "user": {"uid": 0, "gid": 0}},
+            "root": {"path": "rootfs"},
+            "hostname": "bb",
+        });
+        let mut req = CreateContainerRequest::new();
+        req.container_id = "bb".into();
+        req.oci_spec = serde_json::to_vec(&spec).unwrap();
+        let mut rootfs = Rootfs::new();
+        rootfs.source = "/dev/vda".into();
+        rootfs.fstype = "ext4".into();
+        req.rootfs = Some(rootfs).into();
+        c.create_container(ctx(), &req).await.unwrap();
+        let mut start = ContainerRequest::new();
+        start.container_id = "bb".into();
+        c.start_container(ctx(), &start).await.unwrap();
+        let mut seen = Vec::new();
+        while !String::from_utf8_lossy(&seen).contains("\nbb\n") {
+            let mut r = ReadStreamRequest::new();
+            r.container_id = "bb".into();
+            let chunk = c.read_stdout(ctx(), &r).await.unwrap();
+            assert!(!chunk.eof, "{:?}", String::from_utf8_lossy(&seen));
+            seen.extend_from_slice(&chunk.data);
+        }
+        assert_eq!(String::from_utf8_lossy(&seen), "hello from busybox\nfrom the disk\nbb\n");
+
+        // Exit codes and signals.
+        exec(&c, "bb", "seven", &["sh", "-c", "exit 7"]).await.unwrap();
+        assert_eq!(wait(&c, "bb", "seven").await.exit_code, 7);
+        exec(&c, "bb", "sleeper", &["sleep", "1000"]).await.unwrap();
+        let mut kill = SignalProcessRequest::new();
+        kill.container_id = "bb".into();
+        kill.exec_id = "sleeper".into();
+        kill.signal = 9;
+        c.signal_process(ctx(), &kill).await.unwrap();
+        assert_eq!(wait(&c, "bb", "sleeper").await.signal, 9);
+
+        // 100 MB of output arrives intact; the agent stays small.
+        let before = agent_peak_kib(&c).await;
+        exec(&c, "bb", "big", &["sh", "-c", "yes 0123456789abcdef0123456789abcde | head -c 100000000"]).await.unwrap();
+        let line = b"0123456789abcdef0123456789abcde\n";
+        let mut got = 0usize;
+        loop {
+            let mut r = ReadStreamRequest::new();
+            r.container_id = "bb".into();
+            r.exec_id = "big".into();
+            let chunk = c.read_stdout(ctx(), &r).await.unwrap();
+            if chunk.eof {
+                break;
+            }
+            for (i, b) in chunk.data.iter().enumerate() {
+                assert_eq!(*b, line[(got + i) % line.len()], "corrupt byte at {}", got + i);
+            }
+            got += chunk.data.len();
+        }
+        assert_eq!(got, 100_000_000);
+        assert_eq!(wait(&c, "bb", "big").await.exit_code, 0);
+        let after = agent_peak_kib(&c).await;
+        assert!(after < before + 32 * 1024, "agent peak RSS {before} KiB -> {after} KiB");
+
+        // Files round-trip; escapes are refused.
+        let mut w = WriteFileRequest::new();
+        w.container_id = "bb".into();
+        w.path = "/root/notes/a.txt".into();
+        w.data = b"written by the test".to_vec();
+        w.make_parents = true;
+        c.write_file(ctx(), &w).await.unwrap();
+        let mut r = ReadFileRequest::new();
+        r.container_id = "bb".into();
+        r.path = "/root/notes/a.txt".into();
+        assert_eq!(c.read_file(ctx(), &r).await.unwrap().data, b"written by the test");
+        let mut ls = ListDirRequest::new();
+        ls.container_id = "bb".into();
+        ls.path = "/root/notes".into();
+        let names: Vec<String> = c.list_dir(ctx(), &ls).await.unwrap().entries.into_iter().map(|e| e.name).collect();
+        assert_eq!(names, vec!["a.txt".to_string()]);
+        exec(&c, "bb", "cat", &["cat", "/root/notes/a.txt"]).await.unwrap();
+        assert_eq!(read_all(&c, "bb", "cat").await, b"written by the test");
+        for escape in ["../../../../init", "escape"] {
+            r.path = escape.into();
+            assert_eq!(code_of(c.read_file(ctx(), &r).await), ttrpc::Code::NOT_FOUND, "{escape}");
+        }
+        // Malformed requests: clear errors, agent still serving.
+        assert_eq!(code_of(exec(&c, "nope", "x", &["true"]).await), ttrpc::Code::NOT_FOUND);
+        let mut bad = CreateContainerRequest::new();
+        bad.container_id = "bad".into();
+        bad.oci_spec = b"{".to_vec();
+        assert_eq!(code_of(c.create_container(ctx(), &bad).await), ttrpc::Code::INVALID_ARGUMENT);
+
+        c.delete_container(ctx(), &start).await.unwrap();
+        c.power_off(ctx(), &PowerOffRequest::new()).await.unwrap();
+    })));
+    if let Err(panic) = outcome {
+        eprintln!("{}", vm.diagnostics());
+        std::panic::resume_unwind(panic);
+    }
+    let t0 = Instant::now();
+    loop {
+        if let Some(st) = vm.child.try_wait().unwrap() {
+            assert_eq!(st.code(), Some(0), "{}", vm.diagnostics());
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(120), "VM did not power off\n{}", vm.diagnostics());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,8 +1,21 @@
-//! `containerd-shim-burrow-v2` (not yet implemented: issue 5).
+//! `containerd-shim-burrow-v2`: containerd's runtime `io.containerd.burrow.v2`.
+//! containerd starts it; see the `burrow_shim` library for how it works.
 
-fn main() -> anyhow::Result<()> {
-    anyhow::bail!(
-        "containerd-shim-burrow-v2 is not implemented yet (agent port {})",
-        burrow_protocol::AGENT_VSOCK_PORT
-    )
+use burrow_shim::shim::{shim_config, BurrowShim, RUNTIME};
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args
+        .iter()
+        .skip(1)
+        .any(|a| a == "-v" || a == "--version" || a == "-version")
+    {
+        println!(
+            "containerd-shim-burrow-v2 {} ({RUNTIME})",
+            env!("CARGO_PKG_VERSION")
+        );
+        return;
+    }
+    containerd_shim::asynchronous::run::<BurrowShim>(RUNTIME, Some(shim_config())).await;
 }

@@ -1,0 +1,243 @@
+//! `/etc/burrow/config.toml`: where the VM's pieces are and how big VMs may
+//! be. Every key is optional; a missing file means the defaults.
+//!
+//! ```toml
+//! vmm = "/usr/local/bin/burrow-vmm"   # default: beside the shim, then $PATH
+//! kernel = "/var/lib/burrow/vmlinux"
+//! initrd = "/var/lib/burrow/initrd.img"
+//! kernel_cmdline = "console=ttyS0 reboot=k panic=1"
+//! state_dir = "/run/burrow"
+//! boot_timeout_secs = 120     # VM start until the agent answers
+//! agent_timeout_secs = 30     # one agent call (not Wait)
+//! io_drain_secs = 5           # output drain after a process exits
+//! rootfs_slack_mib = 256      # free space in a built rootfs image
+//!
+//! [vcpus]
+//! default = 1
+//! min = 1
+//! max = 8
+//!
+//! [memory_mib]
+//! default = 512
+//! min = 128
+//! max = 16384
+//! overhead = 64   # added to a container's memory limit for the guest kernel
+//! ```
+//!
+//! `BURROW_CONFIG` names another file (tests use it).
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+pub const DEFAULT_PATH: &str = "/etc/burrow/config.toml";
+pub const ENV_PATH: &str = "BURROW_CONFIG";
+/// Largest config file read.
+const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Bounds<T> {
+    pub default: T,
+    pub min: T,
+    pub max: T,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct MemoryBounds {
+    pub default: u64,
+    pub min: u64,
+    pub max: u64,
+    pub overhead: u64,
+}
+
+impl Default for Bounds<u32> {
+    fn default() -> Self {
+        Self {
+            default: 1,
+            min: 1,
+            max: 8,
+        }
+    }
+}
+
+impl Default for MemoryBounds {
+    fn default() -> Self {
+        Self {
+            default: 512,
+            min: 128,
+            max: 16384,
+            overhead: 64,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub vmm: Option<PathBuf>,
+    pub kernel: PathBuf,
+    pub initrd: Option<PathBuf>,
+    pub kernel_cmdline: String,
+    pub state_dir: PathBuf,
+    pub boot_timeout_secs: u64,
+    pub agent_timeout_secs: u64,
+    pub io_drain_secs: u64,
+    pub rootfs_slack_mib: u64,
+    pub vcpus: Bounds<u32>,
+    pub memory_mib: MemoryBounds,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            vmm: None,
+            kernel: PathBuf::from("/var/lib/burrow/vmlinux"),
+            initrd: Some(PathBuf::from("/var/lib/burrow/initrd.img")),
+            kernel_cmdline: "console=ttyS0 reboot=k panic=1".into(),
+            state_dir: PathBuf::from("/run/burrow"),
+            boot_timeout_secs: 120,
+            agent_timeout_secs: 30,
+            io_drain_secs: 5,
+            rootfs_slack_mib: 256,
+            vcpus: Bounds::default(),
+            memory_mib: MemoryBounds::default(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading {path}: {err}")]
+    Read { path: String, err: std::io::Error },
+    #[error("{path} is larger than {MAX_CONFIG_BYTES} bytes")]
+    TooLarge { path: String },
+    #[error("{path}: {err}")]
+    Parse { path: String, err: toml::de::Error },
+    #[error("{path}: {msg}")]
+    Invalid { path: String, msg: String },
+}
+
+impl Config {
+    /// Parse a config file's text.
+    pub fn parse(text: &str, path: &str) -> Result<Self, ConfigError> {
+        let cfg: Config = toml::from_str(text).map_err(|err| ConfigError::Parse {
+            path: path.into(),
+            err,
+        })?;
+        let bad = |msg: &str| {
+            Err(ConfigError::Invalid {
+                path: path.into(),
+                msg: msg.into(),
+            })
+        };
+        if cfg.vcpus.min == 0 || cfg.vcpus.min > cfg.vcpus.max || cfg.vcpus.max > 255 {
+            return bad("vcpus: want 1 <= min <= max <= 255");
+        }
+        if cfg.memory_mib.min < 64 || cfg.memory_mib.min > cfg.memory_mib.max {
+            return bad("memory_mib: want 64 <= min <= max");
+        }
+        if cfg.kernel_cmdline.len() > 2048 {
+            return bad("kernel_cmdline is longer than 2048 bytes");
+        }
+        Ok(cfg)
+    }
+
+    /// Load `path`; a missing file gives the defaults.
+    pub fn load_from(path: &Path) -> Result<Self, ConfigError> {
+        use std::io::Read;
+        let p = path.display().to_string();
+        let file = match std::fs::File::open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Self::default()),
+            Err(err) => return Err(ConfigError::Read { path: p, err }),
+        };
+        let mut text = String::new();
+        file.take(MAX_CONFIG_BYTES + 1)
+            .read_to_string(&mut text)
+            .map_err(|err| ConfigError::Read {
+                path: p.clone(),
+                err,
+            })?;
+        if text.len() as u64 > MAX_CONFIG_BYTES {
+            return Err(ConfigError::TooLarge { path: p });
+        }
+        Self::parse(&text, &p)
+    }
+
+    /// Load from `$BURROW_CONFIG` or [`DEFAULT_PATH`].
+    pub fn load() -> Result<Self, ConfigError> {
+        let path =
+            std::env::var_os(ENV_PATH).map_or_else(|| PathBuf::from(DEFAULT_PATH), PathBuf::from);
+        Self::load_from(&path)
+    }
+
+    /// The burrow-vmm binary: configured, else beside this executable, else
+    /// found on `$PATH` by name.
+    pub fn vmm_binary(&self) -> PathBuf {
+        if let Some(p) = &self.vmm {
+            return p.clone();
+        }
+        if let Some(dir) = std::env::current_exe()
+            .ok()
+            .as_deref()
+            .and_then(Path::parent)
+        {
+            let p = dir.join("burrow-vmm");
+            if p.is_file() {
+                return p;
+            }
+        }
+        PathBuf::from("burrow-vmm")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_when_missing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert_eq!(
+            Config::load_from(&dir.path().join("none.toml")).ok(),
+            Some(Config::default())
+        );
+    }
+
+    #[test]
+    fn parses_partial_files() {
+        let c = Config::parse("kernel = \"/k\"\n[vcpus]\nmax = 4\n", "t").expect("parse");
+        assert_eq!(c.kernel, PathBuf::from("/k"));
+        assert_eq!(
+            c.vcpus,
+            Bounds {
+                default: 1,
+                min: 1,
+                max: 4
+            }
+        );
+        assert_eq!(c.memory_mib, MemoryBounds::default());
+    }
+
+    #[test]
+    fn rejects_bad_files() {
+        assert!(matches!(
+            Config::parse("kernal = 1", "t"),
+            Err(ConfigError::Parse { .. })
+        ));
+        assert!(matches!(
+            Config::parse("[vcpus]\nmin = 0", "t"),
+            Err(ConfigError::Invalid { .. })
+        ));
+        assert!(matches!(
+            Config::parse("[vcpus]\nmin = 9", "t"),
+            Err(ConfigError::Invalid { .. })
+        ));
+        assert!(matches!(
+            Config::parse("[memory_mib]\nmin = 1", "t"),
+            Err(ConfigError::Invalid { .. })
+        ));
+    }
+}

@@ -1,0 +1,159 @@
+//! The contract between the containerd-facing task service ([`crate::task`])
+//! and whatever actually runs the processes: a burrow microVM
+//! ([`crate::vm::VmSandbox`]) in production, an in-process fake in the unit
+//! tests.
+//!
+//! One `Sandbox` is one VM. It can hold several containers (a pod); each
+//! container has an init process (exec id "") and exec'd processes.
+
+use std::path::PathBuf;
+
+use async_trait::async_trait;
+
+/// A rootfs mount as containerd hands it over (`containerd.types.Mount`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RootfsMount {
+    pub kind: String,
+    pub source: String,
+    pub options: Vec<String>,
+}
+
+/// Everything the backend needs to create a container.
+#[derive(Debug, Clone)]
+pub struct ContainerConfig {
+    pub id: String,
+    /// The bundle directory (holds config.json; `rootfs/` is the mount point).
+    pub bundle: PathBuf,
+    /// The OCI spec as containerd wrote it (validated JSON, not yet stripped).
+    pub spec: serde_json::Value,
+    /// The snapshotter's mounts; empty means `bundle/rootfs` is already
+    /// populated.
+    pub rootfs: Vec<RootfsMount>,
+    /// Whether init gets a stdin stream.
+    pub stdin: bool,
+}
+
+/// An exec'd process.
+#[derive(Debug, Clone)]
+pub struct ExecConfig {
+    /// OCI `process` object (JSON).
+    pub process: serde_json::Value,
+    pub stdin: bool,
+}
+
+/// How a process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitStatus {
+    Code(i32),
+    Signal(u32),
+}
+
+impl ExitStatus {
+    /// The status containerd reports: the exit code, or 128 + the signal.
+    pub fn containerd_status(self) -> u32 {
+        match self {
+            ExitStatus::Code(c) => u32::try_from(c & 0xff).unwrap_or(255),
+            ExitStatus::Signal(s) => 128u32.saturating_add(s.min(127)),
+        }
+    }
+}
+
+/// Output stream of a process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// One chunk read from a process's output.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Chunk {
+    pub data: Vec<u8>,
+    pub eof: bool,
+}
+
+/// A process as the backend lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessEntry {
+    pub exec_id: String,
+    pub pid: u32,
+    pub running: bool,
+}
+
+/// Host-side cost of the sandbox (what `Stats` reports).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SandboxStats {
+    pub cpu_usage_usec: u64,
+    pub memory_bytes: u64,
+    pub memory_limit_bytes: u64,
+    pub pids: u64,
+}
+
+/// Errors of a sandbox backend. Each maps to one gRPC code for containerd.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("not found: {0}")]
+    NotFound(String),
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    #[error("already exists: {0}")]
+    AlreadyExists(String),
+    #[error("failed precondition: {0}")]
+    FailedPrecondition(String),
+    #[error("not supported: {0}")]
+    Unimplemented(String),
+    #[error("timed out: {0}")]
+    Timeout(String),
+    /// The VM (or the agent in it) is gone.
+    #[error("sandbox unavailable: {0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+pub type Result<T> = std::result::Result<T, SandboxError>;
+
+/// What runs the containers. All calls may be made concurrently.
+#[async_trait]
+pub trait Sandbox: Send + Sync + 'static {
+    /// Create (but do not start) a container; boots the VM on first use.
+    /// Returns the (guest) pid of init.
+    async fn create_container(&self, cfg: &ContainerConfig) -> Result<u32>;
+    /// Start a created container's init.
+    async fn start_container(&self, id: &str) -> Result<()>;
+    /// Remove a container whose processes have all exited (or never ran),
+    /// releasing its rootfs.
+    async fn delete_container(&self, id: &str) -> Result<()>;
+    /// Start an exec'd process; returns its pid.
+    async fn exec_process(&self, id: &str, exec_id: &str, cfg: &ExecConfig) -> Result<u32>;
+    /// Forget an exited exec'd process.
+    async fn delete_process(&self, id: &str, exec_id: &str) -> Result<()>;
+    /// Send a signal to a process (`all`: to every process of the container).
+    async fn signal(&self, id: &str, exec_id: &str, signal: u32, all: bool) -> Result<()>;
+    /// Wait until a started process exits. Fails if the sandbox dies.
+    async fn wait(&self, id: &str, exec_id: &str) -> Result<ExitStatus>;
+    /// Read the next chunk of a process's output (waits for data).
+    async fn read_output(
+        &self,
+        id: &str,
+        exec_id: &str,
+        stream: Stream,
+        max: usize,
+    ) -> Result<Chunk>;
+    /// Write to a process's stdin; returns how much was accepted.
+    async fn write_stdin(&self, id: &str, exec_id: &str, data: &[u8]) -> Result<usize>;
+    /// Close a process's stdin.
+    async fn close_stdin(&self, id: &str, exec_id: &str) -> Result<()>;
+    /// Resize a process's terminal.
+    async fn resize_pty(&self, id: &str, exec_id: &str, rows: u32, cols: u32) -> Result<()>;
+    /// The processes of a container.
+    async fn processes(&self, id: &str) -> Result<Vec<ProcessEntry>>;
+    /// Freeze the whole sandbox (all vCPUs).
+    async fn pause(&self) -> Result<()>;
+    /// Thaw it.
+    async fn resume(&self) -> Result<()>;
+    /// Host-side resource use of the sandbox.
+    async fn stats(&self) -> Result<SandboxStats>;
+    /// Stop the VM and remove everything it left on the host. Idempotent.
+    async fn shutdown(&self) -> Result<()>;
+}

@@ -1,0 +1,403 @@
+//! Reading, checking and rewriting the OCI runtime spec containerd writes
+//! into the bundle, and sizing the VM from it.
+
+use std::io::Read;
+use std::path::Path;
+
+use serde_json::{Map, Value};
+
+use crate::config::Config;
+
+/// Largest config.json accepted (bytes).
+pub const MAX_SPEC_BYTES: usize = burrow_protocol::MAX_SPEC_BYTES;
+
+/// Annotation CRI puts on every container of a pod, naming the pod's sandbox.
+pub const CRI_SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
+/// Per-pod overrides of the VM's size (bounded by the config).
+pub const ANNOTATION_VCPUS: &str = "io.burrow.vcpus";
+pub const ANNOTATION_MEMORY_MIB: &str = "io.burrow.memory_mib";
+
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    #[error("reading {path}: {err}")]
+    Read { path: String, err: std::io::Error },
+    #[error("{path} is larger than {MAX_SPEC_BYTES} bytes")]
+    TooLarge { path: String },
+    #[error("{path} is not valid JSON: {err}")]
+    Json {
+        path: String,
+        err: serde_json::Error,
+    },
+    #[error("malformed OCI spec: {0}")]
+    Malformed(String),
+}
+
+/// Read and check `bundle/config.json`.
+pub fn read_spec(bundle: &Path) -> Result<Value, SpecError> {
+    let path = bundle.join("config.json");
+    let p = path.display().to_string();
+    let file = std::fs::File::open(&path).map_err(|err| SpecError::Read {
+        path: p.clone(),
+        err,
+    })?;
+    let mut buf = Vec::new();
+    file.take(
+        u64::try_from(MAX_SPEC_BYTES)
+            .unwrap_or(u64::MAX)
+            .saturating_add(1),
+    )
+    .read_to_end(&mut buf)
+    .map_err(|err| SpecError::Read {
+        path: p.clone(),
+        err,
+    })?;
+    if buf.len() > MAX_SPEC_BYTES {
+        return Err(SpecError::TooLarge { path: p });
+    }
+    let spec: Value =
+        serde_json::from_slice(&buf).map_err(|err| SpecError::Json { path: p, err })?;
+    validate_spec(&spec)?;
+    Ok(spec)
+}
+
+/// The checks that make a spec usable: an object with a `process` whose
+/// `args` is a non-empty list of strings.
+pub fn validate_spec(spec: &Value) -> Result<(), SpecError> {
+    let obj = spec
+        .as_object()
+        .ok_or_else(|| SpecError::Malformed("the spec is not a JSON object".into()))?;
+    if let Some(v) = obj.get("ociVersion") {
+        if !v.is_string() {
+            return Err(SpecError::Malformed("ociVersion is not a string".into()));
+        }
+    }
+    let process = obj
+        .get("process")
+        .ok_or_else(|| SpecError::Malformed("no \"process\"".into()))?;
+    validate_process(process)?;
+    if let Some(a) = obj.get("annotations") {
+        let ok = a
+            .as_object()
+            .is_some_and(|m| m.values().all(Value::is_string));
+        if !ok {
+            return Err(SpecError::Malformed(
+                "annotations must map strings to strings".into(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Check an OCI `process` object.
+pub fn validate_process(process: &Value) -> Result<(), SpecError> {
+    let p = process
+        .as_object()
+        .ok_or_else(|| SpecError::Malformed("\"process\" is not an object".into()))?;
+    let args = p
+        .get("args")
+        .and_then(Value::as_array)
+        .ok_or_else(|| SpecError::Malformed("process.args is missing or not a list".into()))?;
+    if args.is_empty() || !args.iter().all(Value::is_string) {
+        return Err(SpecError::Malformed(
+            "process.args must be a non-empty list of strings".into(),
+        ));
+    }
+    if let Some(env) = p.get("env") {
+        let ok = env
+            .as_array()
+            .is_some_and(|e| e.iter().all(Value::is_string));
+        if !ok {
+            return Err(SpecError::Malformed(
+                "process.env must be a list of strings".into(),
+            ));
+        }
+    }
+    if let Some(cwd) = p.get("cwd") {
+        if !cwd.is_string() {
+            return Err(SpecError::Malformed("process.cwd must be a string".into()));
+        }
+    }
+    Ok(())
+}
+
+/// An annotation of the spec.
+pub fn annotation<'a>(spec: &'a Value, key: &str) -> Option<&'a str> {
+    spec.get("annotations")?.get(key)?.as_str()
+}
+
+/// What [`for_guest`] removed, for the log.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Stripped {
+    pub items: Vec<String>,
+}
+
+fn is_bind(m: &Map<String, Value>) -> bool {
+    let ty = m.get("type").and_then(Value::as_str).unwrap_or("");
+    let bind_opt = m.get("options").and_then(Value::as_array).is_some_and(|o| {
+        o.iter()
+            .any(|x| matches!(x.as_str(), Some("bind" | "rbind")))
+    });
+    ty == "bind" || bind_opt
+}
+
+/// The spec as the guest sees it: everything that names host resources is
+/// removed, because it means nothing (or something else) inside the VM:
+/// hooks (host binaries), bind mounts of host paths, namespace paths (host
+/// netns files), the host cgroup path, host devices, and the root path
+/// (the agent mounts the rootfs it is given).
+pub fn for_guest(spec: &Value) -> (Value, Stripped) {
+    let mut spec = spec.clone();
+    let mut stripped = Stripped::default();
+    let Some(obj) = spec.as_object_mut() else {
+        return (spec, stripped);
+    };
+    for key in ["hooks", "windows", "solaris", "vm"] {
+        if obj.remove(key).is_some() {
+            stripped.items.push(key.to_string());
+        }
+    }
+    if let Some(root) = obj.get_mut("root").and_then(Value::as_object_mut) {
+        if root.remove("path").is_some() {
+            stripped.items.push("root.path".into());
+        }
+    }
+    if let Some(mounts) = obj.get_mut("mounts").and_then(Value::as_array_mut) {
+        mounts.retain(|m| {
+            let Some(mo) = m.as_object() else {
+                stripped.items.push("malformed mount".into());
+                return false;
+            };
+            if is_bind(mo) {
+                let dest = mo.get("destination").and_then(Value::as_str).unwrap_or("?");
+                stripped.items.push(format!("bind mount {dest}"));
+                false
+            } else {
+                true
+            }
+        });
+    }
+    if let Some(linux) = obj.get_mut("linux").and_then(Value::as_object_mut) {
+        for key in ["cgroupsPath", "devices", "intelRdt"] {
+            if linux.remove(key).is_some() {
+                stripped.items.push(format!("linux.{key}"));
+            }
+        }
+        if let Some(nss) = linux.get_mut("namespaces").and_then(Value::as_array_mut) {
+            for ns in nss.iter_mut() {
+                if let Some(n) = ns.as_object_mut() {
+                    if n.remove("path").is_some() {
+                        let ty = n.get("type").and_then(Value::as_str).unwrap_or("?");
+                        stripped.items.push(format!("{ty} namespace path"));
+                    }
+                }
+            }
+        }
+        if let Some(res) = linux.get_mut("resources").and_then(Value::as_object_mut) {
+            if res.remove("devices").is_some() {
+                stripped.items.push("linux.resources.devices".into());
+            }
+        }
+    }
+    (spec, stripped)
+}
+
+/// vCPUs and memory (MiB) of a VM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VmSize {
+    pub vcpus: u32,
+    pub memory_mib: u64,
+}
+
+fn count_cpuset(s: &str) -> Option<u32> {
+    let mut n: u32 = 0;
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (a, b) = match part.split_once('-') {
+            Some((a, b)) => (a.trim().parse::<u32>().ok()?, b.trim().parse::<u32>().ok()?),
+            None => {
+                let v = part.parse::<u32>().ok()?;
+                (v, v)
+            }
+        };
+        if b < a {
+            return None;
+        }
+        n = n.checked_add(b - a + 1)?;
+    }
+    (n > 0).then_some(n)
+}
+
+/// Size the VM from the spec: annotations `io.burrow.vcpus` /
+/// `io.burrow.memory_mib` first, then `linux.resources` (CPU quota/period
+/// rounded up, or the cpuset's size; the memory limit plus the configured
+/// guest overhead), then the configured defaults; always clamped to the
+/// configured bounds.
+pub fn vm_size(spec: &Value, cfg: &Config) -> VmSize {
+    let res = spec.get("linux").and_then(|l| l.get("resources"));
+    let cpu = res.and_then(|r| r.get("cpu"));
+    let from_quota = cpu.and_then(|c| {
+        let quota = c.get("quota")?.as_i64()?;
+        let period = c.get("period").and_then(Value::as_u64).unwrap_or(100_000);
+        if quota <= 0 || period == 0 {
+            return None;
+        }
+        let q = u64::try_from(quota).ok()?;
+        u32::try_from(q.div_ceil(period)).ok()
+    });
+    let from_cpuset = cpu
+        .and_then(|c| c.get("cpus")?.as_str())
+        .and_then(count_cpuset);
+    let vcpus = annotation(spec, ANNOTATION_VCPUS)
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .or(from_quota)
+        .or(from_cpuset)
+        .unwrap_or(cfg.vcpus.default);
+
+    let from_limit = res
+        .and_then(|r| r.get("memory")?.get("limit")?.as_i64())
+        .filter(|l| *l > 0)
+        .and_then(|l| u64::try_from(l).ok())
+        .map(|l| l.div_ceil(1 << 20).saturating_add(cfg.memory_mib.overhead));
+    let memory_mib = annotation(spec, ANNOTATION_MEMORY_MIB)
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .or(from_limit)
+        .unwrap_or(cfg.memory_mib.default);
+
+    VmSize {
+        vcpus: vcpus.clamp(cfg.vcpus.min, cfg.vcpus.max.max(cfg.vcpus.min)),
+        memory_mib: memory_mib.clamp(
+            cfg.memory_mib.min,
+            cfg.memory_mib.max.max(cfg.memory_mib.min),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn cfg() -> Config {
+        Config::default()
+    }
+
+    #[test]
+    fn validates() {
+        assert!(validate_spec(&json!({"process": {"args": ["sh"]}})).is_ok());
+        assert!(validate_spec(&json!([])).is_err());
+        assert!(validate_spec(&json!({})).is_err());
+        assert!(validate_spec(&json!({"process": {"args": []}})).is_err());
+        assert!(validate_spec(&json!({"process": {"args": [1]}})).is_err());
+        assert!(validate_spec(&json!({"process": {"args": ["a"], "env": "x"}})).is_err());
+        assert!(
+            validate_spec(&json!({"process": {"args": ["a"]}, "annotations": {"a": 1}})).is_err()
+        );
+    }
+
+    #[test]
+    fn reads_and_bounds_config_json() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert!(matches!(read_spec(dir.path()), Err(SpecError::Read { .. })));
+        std::fs::write(dir.path().join("config.json"), "{not json").expect("write");
+        assert!(matches!(read_spec(dir.path()), Err(SpecError::Json { .. })));
+        std::fs::write(
+            dir.path().join("config.json"),
+            vec![b' '; MAX_SPEC_BYTES + 1],
+        )
+        .expect("write");
+        assert!(matches!(
+            read_spec(dir.path()),
+            Err(SpecError::TooLarge { .. })
+        ));
+        std::fs::write(
+            dir.path().join("config.json"),
+            r#"{"process":{"args":["true"]}}"#,
+        )
+        .expect("write");
+        assert!(read_spec(dir.path()).is_ok());
+    }
+
+    #[test]
+    fn strips_host_only_parts() {
+        let spec = json!({
+            "process": {"args": ["sh"]},
+            "root": {"path": "/run/containerd/x/rootfs", "readonly": false},
+            "hooks": {"prestart": [{"path": "/usr/bin/nvidia"}]},
+            "mounts": [
+                {"destination": "/proc", "type": "proc", "source": "proc"},
+                {"destination": "/etc/hosts", "type": "bind", "source": "/var/lib/x/hosts", "options": ["rbind", "ro"]},
+                {"destination": "/data", "source": "/srv", "options": ["bind"]},
+            ],
+            "linux": {
+                "cgroupsPath": "/default/x",
+                "devices": [{"path": "/dev/fuse"}],
+                "namespaces": [{"type": "pid"}, {"type": "network", "path": "/var/run/netns/cni-1"}],
+                "resources": {"devices": [{"allow": false, "access": "rwm"}], "memory": {"limit": 1}},
+            },
+        });
+        let (g, s) = for_guest(&spec);
+        assert!(g.get("hooks").is_none());
+        assert_eq!(g["root"], json!({"readonly": false}));
+        assert_eq!(g["mounts"].as_array().map(Vec::len), Some(1));
+        assert!(g["linux"].get("cgroupsPath").is_none());
+        assert!(g["linux"].get("devices").is_none());
+        assert_eq!(g["linux"]["namespaces"][1], json!({"type": "network"}));
+        assert_eq!(g["linux"]["resources"], json!({"memory": {"limit": 1}}));
+        assert!(s.items.iter().any(|i| i == "bind mount /etc/hosts"));
+        assert_eq!(g["process"], spec["process"]);
+    }
+
+    #[test]
+    fn sizes_vm_within_bounds() {
+        let c = cfg();
+        let d = vm_size(&json!({"process": {"args": ["sh"]}}), &c);
+        assert_eq!(
+            d,
+            VmSize {
+                vcpus: c.vcpus.default,
+                memory_mib: c.memory_mib.default
+            }
+        );
+
+        let s = json!({"linux": {"resources": {"cpu": {"quota": 150000, "period": 100000}, "memory": {"limit": 512u64 << 20}}}});
+        assert_eq!(
+            vm_size(&s, &c),
+            VmSize {
+                vcpus: 2,
+                memory_mib: 512 + c.memory_mib.overhead
+            }
+        );
+
+        let s = json!({"linux": {"resources": {"cpu": {"cpus": "0-2,5"}}}});
+        assert_eq!(vm_size(&s, &c).vcpus, 4);
+
+        let s = json!({"linux": {"resources": {"cpu": {"quota": 1_000_000_000i64, "period": 1}, "memory": {"limit": i64::MAX}}}});
+        assert_eq!(
+            vm_size(&s, &c),
+            VmSize {
+                vcpus: c.vcpus.max,
+                memory_mib: c.memory_mib.max
+            }
+        );
+
+        let s = json!({"annotations": {ANNOTATION_VCPUS: "0", ANNOTATION_MEMORY_MIB: "1"}});
+        assert_eq!(
+            vm_size(&s, &c),
+            VmSize {
+                vcpus: c.vcpus.min,
+                memory_mib: c.memory_mib.min
+            }
+        );
+
+        let s = json!({"annotations": {ANNOTATION_VCPUS: "3"}, "linux": {"resources": {"cpu": {"quota": -1}}}});
+        assert_eq!(vm_size(&s, &c).vcpus, 3);
+    }
+
+    #[test]
+    fn cpusets() {
+        assert_eq!(count_cpuset("0"), Some(1));
+        assert_eq!(count_cpuset("0-3,8"), Some(5));
+        assert_eq!(count_cpuset("3-1"), None);
+        assert_eq!(count_cpuset("x"), None);
+        assert_eq!(count_cpuset(""), None);
+    }
+}

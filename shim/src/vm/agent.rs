@@ -1,0 +1,460 @@
+//! The shim's side of burrow-agent's ttrpc service.
+//!
+//! In a VM the agent is reached through the VMM's hybrid vsock: connect to
+//! the unix socket, write `CONNECT <port>\n`, read `OK <n>\n`, and the rest
+//! of the stream is the guest connection. In the agent's test mode it is a
+//! plain unix socket.
+
+use std::future::Future;
+use std::path::Path;
+use std::time::Duration;
+
+use burrow_protocol::agent as pb;
+use burrow_protocol::ttrpc;
+use burrow_protocol::ttrpc::context::Context;
+use burrow_protocol::AgentClient;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+use crate::sandbox::{Chunk, ExitStatus, ProcessEntry, Result, SandboxError, Stream};
+
+/// Longest reply line of the vsock handshake.
+const MAX_HANDSHAKE_LINE: usize = 64;
+
+/// How to reach the agent.
+#[derive(Debug, Clone)]
+pub enum AgentAddr {
+    /// The VMM's vsock unix socket and the guest port.
+    Vsock { path: std::path::PathBuf, port: u32 },
+    /// A plain unix socket (agent test mode).
+    Unix(std::path::PathBuf),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("connecting to {path}: {err}")]
+    Io { path: String, err: std::io::Error },
+    #[error("vsock handshake with {path}: {msg}")]
+    Handshake { path: String, msg: String },
+}
+
+async fn handshake(
+    stream: &mut UnixStream,
+    path: &Path,
+    port: u32,
+) -> std::result::Result<(), ConnectError> {
+    let p = path.display().to_string();
+    let io = |err| ConnectError::Io {
+        path: p.clone(),
+        err,
+    };
+    stream
+        .write_all(format!("CONNECT {port}\n").as_bytes())
+        .await
+        .map_err(io)?;
+    let mut line = Vec::with_capacity(16);
+    loop {
+        let mut b = [0u8; 1];
+        let n = stream.read(&mut b).await.map_err(|err| ConnectError::Io {
+            path: p.clone(),
+            err,
+        })?;
+        if n == 0 {
+            return Err(ConnectError::Handshake {
+                path: p,
+                msg: "closed before answering (is the agent listening yet?)".into(),
+            });
+        }
+        if b[0] == b'\n' {
+            break;
+        }
+        line.push(b[0]);
+        if line.len() > MAX_HANDSHAKE_LINE {
+            return Err(ConnectError::Handshake {
+                path: p,
+                msg: "answer line too long".into(),
+            });
+        }
+    }
+    let text = String::from_utf8_lossy(&line);
+    if text.starts_with("OK ") || text == "OK" {
+        Ok(())
+    } else {
+        Err(ConnectError::Handshake {
+            path: p,
+            msg: format!("unexpected answer {text:?}"),
+        })
+    }
+}
+
+/// Open one connection to the agent (no retries).
+pub async fn connect_once(addr: &AgentAddr) -> std::result::Result<AgentClient, ConnectError> {
+    let (path, port) = match addr {
+        AgentAddr::Vsock { path, port } => (path.as_path(), Some(*port)),
+        AgentAddr::Unix(path) => (path.as_path(), None),
+    };
+    let mut stream = UnixStream::connect(path)
+        .await
+        .map_err(|err| ConnectError::Io {
+            path: path.display().to_string(),
+            err,
+        })?;
+    if let Some(port) = port {
+        handshake(&mut stream, path, port).await?;
+    }
+    let socket = ttrpc::r#async::transport::Socket::new(stream);
+    Ok(AgentClient::new(ttrpc::r#async::Client::new(socket)))
+}
+
+fn map_ttrpc(call: &str, e: ttrpc::Error) -> SandboxError {
+    match e {
+        ttrpc::Error::RpcStatus(s) => {
+            let msg = format!("agent {call}: {}", s.message);
+            match s.code() {
+                ttrpc::Code::NOT_FOUND => SandboxError::NotFound(msg),
+                ttrpc::Code::INVALID_ARGUMENT => SandboxError::InvalidArgument(msg),
+                ttrpc::Code::ALREADY_EXISTS => SandboxError::AlreadyExists(msg),
+                ttrpc::Code::FAILED_PRECONDITION => SandboxError::FailedPrecondition(msg),
+                ttrpc::Code::UNIMPLEMENTED => SandboxError::Unimplemented(msg),
+                ttrpc::Code::DEADLINE_EXCEEDED => SandboxError::Timeout(msg),
+                ttrpc::Code::UNAVAILABLE => SandboxError::Unavailable(msg),
+                _ => SandboxError::Internal(msg),
+            }
+        }
+        ttrpc::Error::LocalClosed | ttrpc::Error::RemoteClosed | ttrpc::Error::Eof => {
+            SandboxError::Unavailable(format!(
+                "agent {call}: the connection to the agent closed ({e})"
+            ))
+        }
+        other => SandboxError::Unavailable(format!("agent {call}: {other}")),
+    }
+}
+
+/// A connected agent with per-call timeouts.
+#[derive(Clone)]
+pub struct Agent {
+    client: AgentClient,
+    timeout: Duration,
+}
+
+impl Agent {
+    pub fn new(client: AgentClient, timeout: Duration) -> Self {
+        Self { client, timeout }
+    }
+
+    /// Connect, retrying until the agent answers `Health` or `deadline`
+    /// passes (the guest is still booting meanwhile).
+    pub async fn connect(
+        addr: &AgentAddr,
+        timeout: Duration,
+        boot_timeout: Duration,
+    ) -> Result<Self> {
+        let start = tokio::time::Instant::now();
+        let mut last = String::from("never tried");
+        while start.elapsed() < boot_timeout {
+            match connect_once(addr).await {
+                Ok(client) => {
+                    let agent = Agent::new(client, timeout.min(Duration::from_secs(10)));
+                    match agent.health().await {
+                        Ok(h) => {
+                            if h.protocol_version != burrow_protocol::PROTOCOL_VERSION {
+                                return Err(SandboxError::FailedPrecondition(format!(
+                                    "the guest agent speaks protocol {} but this shim speaks {}: rebuild the guest image",
+                                    h.protocol_version,
+                                    burrow_protocol::PROTOCOL_VERSION
+                                )));
+                            }
+                            return Ok(Agent::new(agent.client, timeout));
+                        }
+                        Err(e) => last = e.to_string(),
+                    }
+                }
+                Err(e) => last = e.to_string(),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Err(SandboxError::Timeout(format!(
+            "the guest agent did not answer within {}s of boot (last error: {last})",
+            boot_timeout.as_secs()
+        )))
+    }
+
+    /// One call bounded by the per-call timeout.
+    async fn call<T>(&self, name: &str, fut: impl Future<Output = ttrpc::Result<T>>) -> Result<T> {
+        match tokio::time::timeout(self.timeout, fut).await {
+            Ok(r) => r.map_err(|e| map_ttrpc(name, e)),
+            Err(_) => Err(SandboxError::Timeout(format!(
+                "the guest agent did not answer {name} within {}s",
+                self.timeout.as_secs()
+            ))),
+        }
+    }
+
+    /// One call that may block as long as the process runs.
+    async fn call_unbounded<T>(
+        &self,
+        name: &str,
+        fut: impl Future<Output = ttrpc::Result<T>>,
+    ) -> Result<T> {
+        fut.await.map_err(|e| map_ttrpc(name, e))
+    }
+
+    fn ctx() -> Context {
+        Context::default()
+    }
+
+    pub async fn health(&self) -> Result<pb::HealthResponse> {
+        self.call(
+            "Health",
+            self.client.health(Self::ctx(), &pb::HealthRequest::new()),
+        )
+        .await
+    }
+
+    pub async fn set_time_now(&self) -> Result<()> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let req = pb::SetTimeRequest {
+            unix_seconds: i64::try_from(now.as_secs()).unwrap_or(0),
+            nanos: now.subsec_nanos(),
+            ..Default::default()
+        };
+        self.call("SetTime", self.client.set_time(Self::ctx(), &req))
+            .await
+            .map(drop)
+    }
+
+    pub async fn power_off(&self) -> Result<()> {
+        self.call(
+            "PowerOff",
+            self.client
+                .power_off(Self::ctx(), &pb::PowerOffRequest::new()),
+        )
+        .await
+        .map(drop)
+    }
+
+    pub async fn create_container(
+        &self,
+        id: &str,
+        spec: &[u8],
+        rootfs: pb::Rootfs,
+        stdin: bool,
+    ) -> Result<u32> {
+        let req = pb::CreateContainerRequest {
+            container_id: id.into(),
+            oci_spec: spec.to_vec(),
+            rootfs: Some(rootfs).into(),
+            stdin,
+            ..Default::default()
+        };
+        self.call(
+            "CreateContainer",
+            self.client.create_container(Self::ctx(), &req),
+        )
+        .await
+        .map(|r| r.pid)
+    }
+
+    fn creq(id: &str) -> pb::ContainerRequest {
+        pb::ContainerRequest {
+            container_id: id.into(),
+            ..Default::default()
+        }
+    }
+
+    fn preq(id: &str, exec_id: &str) -> pb::ProcessRequest {
+        pb::ProcessRequest {
+            container_id: id.into(),
+            exec_id: exec_id.into(),
+            ..Default::default()
+        }
+    }
+
+    pub async fn start_container(&self, id: &str) -> Result<()> {
+        self.call(
+            "StartContainer",
+            self.client.start_container(Self::ctx(), &Self::creq(id)),
+        )
+        .await
+        .map(drop)
+    }
+
+    pub async fn delete_container(&self, id: &str) -> Result<()> {
+        self.call(
+            "DeleteContainer",
+            self.client.delete_container(Self::ctx(), &Self::creq(id)),
+        )
+        .await
+        .map(drop)
+    }
+
+    pub async fn processes(&self, id: &str) -> Result<Vec<ProcessEntry>> {
+        let r = self
+            .call(
+                "ListProcesses",
+                self.client.list_processes(Self::ctx(), &Self::creq(id)),
+            )
+            .await?;
+        Ok(r.processes
+            .into_iter()
+            .map(|p| ProcessEntry {
+                exec_id: p.exec_id,
+                pid: p.pid,
+                running: p.running,
+            })
+            .collect())
+    }
+
+    pub async fn exec(&self, id: &str, exec_id: &str, process: &[u8], stdin: bool) -> Result<u32> {
+        let req = pb::ExecProcessRequest {
+            container_id: id.into(),
+            exec_id: exec_id.into(),
+            oci_process: process.to_vec(),
+            stdin,
+            ..Default::default()
+        };
+        self.call("ExecProcess", self.client.exec_process(Self::ctx(), &req))
+            .await
+            .map(|r| r.pid)
+    }
+
+    pub async fn signal(&self, id: &str, exec_id: &str, signal: u32, all: bool) -> Result<()> {
+        let req = pb::SignalProcessRequest {
+            container_id: id.into(),
+            exec_id: exec_id.into(),
+            signal,
+            all,
+            ..Default::default()
+        };
+        self.call(
+            "SignalProcess",
+            self.client.signal_process(Self::ctx(), &req),
+        )
+        .await
+        .map(drop)
+    }
+
+    pub async fn wait(&self, id: &str, exec_id: &str) -> Result<ExitStatus> {
+        let r = self
+            .call_unbounded(
+                "WaitProcess",
+                self.client
+                    .wait_process(Self::ctx(), &Self::preq(id, exec_id)),
+            )
+            .await?;
+        Ok(if r.signal != 0 {
+            ExitStatus::Signal(r.signal)
+        } else {
+            ExitStatus::Code(r.exit_code)
+        })
+    }
+
+    pub async fn delete_process(&self, id: &str, exec_id: &str) -> Result<()> {
+        self.call(
+            "DeleteProcess",
+            self.client
+                .delete_process(Self::ctx(), &Self::preq(id, exec_id)),
+        )
+        .await
+        .map(drop)
+    }
+
+    pub async fn read(&self, id: &str, exec_id: &str, stream: Stream, max: usize) -> Result<Chunk> {
+        let req = pb::ReadStreamRequest {
+            container_id: id.into(),
+            exec_id: exec_id.into(),
+            max_bytes: u32::try_from(max.min(burrow_protocol::MAX_CHUNK)).unwrap_or(0),
+            ..Default::default()
+        };
+        let r = match stream {
+            Stream::Stdout => {
+                self.call_unbounded("ReadStdout", self.client.read_stdout(Self::ctx(), &req))
+                    .await?
+            }
+            Stream::Stderr => {
+                self.call_unbounded("ReadStderr", self.client.read_stderr(Self::ctx(), &req))
+                    .await?
+            }
+        };
+        if r.data.len() > burrow_protocol::MAX_CHUNK {
+            return Err(SandboxError::Internal(format!(
+                "agent sent a {}-byte chunk",
+                r.data.len()
+            )));
+        }
+        Ok(Chunk {
+            data: r.data,
+            eof: r.eof,
+        })
+    }
+
+    pub async fn write_stdin(&self, id: &str, exec_id: &str, data: &[u8]) -> Result<usize> {
+        let data = data
+            .get(..data.len().min(burrow_protocol::MAX_CHUNK))
+            .unwrap_or_default();
+        let req = pb::WriteStdinRequest {
+            container_id: id.into(),
+            exec_id: exec_id.into(),
+            data: data.to_vec(),
+            ..Default::default()
+        };
+        let r = self
+            .call("WriteStdin", self.client.write_stdin(Self::ctx(), &req))
+            .await?;
+        Ok(usize::try_from(r.written).unwrap_or(0).min(data.len()))
+    }
+
+    pub async fn close_stdin(&self, id: &str, exec_id: &str) -> Result<()> {
+        self.call(
+            "CloseStdin",
+            self.client
+                .close_stdin(Self::ctx(), &Self::preq(id, exec_id)),
+        )
+        .await
+        .map(drop)
+    }
+
+    pub async fn resize_pty(&self, id: &str, exec_id: &str, rows: u32, cols: u32) -> Result<()> {
+        let req = pb::ResizePtyRequest {
+            container_id: id.into(),
+            exec_id: exec_id.into(),
+            rows,
+            cols,
+            ..Default::default()
+        };
+        self.call("ResizePty", self.client.resize_pty(Self::ctx(), &req))
+            .await
+            .map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn handshake_accepts_ok_and_rejects_garbage() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("v.sock");
+        let listener = tokio::net::UnixListener::bind(&path).expect("bind");
+        let server = tokio::spawn(async move {
+            for answer in [&b"OK 1073741824\n"[..], b"NO\n", &[b'x'; 100][..]] {
+                let (mut s, _) = listener.accept().await.expect("accept");
+                let mut buf = [0u8; 13];
+                s.read_exact(&mut buf).await.expect("read");
+                assert_eq!(&buf, b"CONNECT 1024\n");
+                s.write_all(answer).await.expect("write");
+                // Keep it open until the client is done.
+                let _ = s.read(&mut [0u8; 1]).await;
+            }
+        });
+        for expect_ok in [true, false, false] {
+            let mut s = UnixStream::connect(&path).await.expect("connect");
+            let r = handshake(&mut s, &path, 1024).await;
+            assert_eq!(r.is_ok(), expect_ok, "{r:?}");
+        }
+        drop(server);
+    }
+}

@@ -1,0 +1,276 @@
+//! Turning the snapshotter's rootfs mounts into a block device for the
+//! guest.
+//!
+//! - A single mount of a block device with a file system the guest kernel
+//!   reads (devmapper, a raw-block snapshotter) is passed through as it is:
+//!   the container's writes go straight into the snapshot.
+//! - Anything else (overlayfs snapshots, a pre-populated `bundle/rootfs`) is
+//!   mounted on `bundle/rootfs`, copied into a fresh sparse ext4 image with
+//!   `mkfs.ext4 -d`, and unmounted again. The image is writable and lives in
+//!   the sandbox's state directory, so the container keeps its writes for
+//!   as long as the task exists (and in VM snapshots); they are not copied
+//!   back into the snapshotter's upper directory.
+
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use crate::sandbox::{ContainerConfig, Result, RootfsMount, SandboxError};
+
+/// File systems passed through as block devices.
+const BLOCK_FS: &[&str] = &["ext4", "ext3", "ext2", "xfs", "btrfs", "erofs"];
+/// Most files copied into an image.
+const MAX_FILES: u64 = 5_000_000;
+/// Largest image (MiB): 1 TiB.
+const MAX_IMAGE_MIB: u64 = 1 << 20;
+/// Smallest image (MiB).
+const MIN_IMAGE_MIB: u64 = 64;
+
+/// A rootfs ready to be handed to the VMM.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuestRootfs {
+    /// Disk path for the VMM (image file or block device).
+    pub disk: PathBuf,
+    pub read_only: bool,
+    /// File system type for the agent's mount.
+    pub fstype: String,
+    /// An image this shim made (removed with the container).
+    pub image: Option<PathBuf>,
+}
+
+fn is_block_device(path: &str) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device())
+}
+
+/// Whether the mounts are one block device we can pass through.
+pub fn passthrough(mounts: &[RootfsMount]) -> Option<GuestRootfs> {
+    let [m] = mounts else { return None };
+    if !BLOCK_FS.contains(&m.kind.as_str()) || !is_block_device(&m.source) {
+        return None;
+    }
+    Some(GuestRootfs {
+        disk: PathBuf::from(&m.source),
+        read_only: m.options.iter().any(|o| o == "ro"),
+        fstype: m.kind.clone(),
+        image: None,
+    })
+}
+
+/// Bytes used and entries under `dir` (symlinks not followed, one file
+/// system).
+pub fn usage(dir: &Path) -> Result<(u64, u64)> {
+    let root_dev = std::fs::symlink_metadata(dir)
+        .map_err(|e| SandboxError::Internal(format!("rootfs {}: {e}", dir.display())))?
+        .dev();
+    let mut bytes = 0u64;
+    let mut files = 0u64;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let entries = std::fs::read_dir(&d)
+            .map_err(|e| SandboxError::Internal(format!("reading {}: {e}", d.display())))?;
+        for entry in entries {
+            let entry = entry
+                .map_err(|e| SandboxError::Internal(format!("reading {}: {e}", d.display())))?;
+            let md = entry.metadata().map_err(|e| {
+                SandboxError::Internal(format!("stat {}: {e}", entry.path().display()))
+            })?;
+            files += 1;
+            if files > MAX_FILES {
+                return Err(SandboxError::InvalidArgument(format!(
+                    "the rootfs has more than {MAX_FILES} files"
+                )));
+            }
+            bytes = bytes.saturating_add(md.len().max(md.blocks().saturating_mul(512)));
+            if md.is_dir() && md.dev() == root_dev {
+                stack.push(entry.path());
+            }
+        }
+    }
+    Ok((bytes, files))
+}
+
+/// Size (bytes) and inode count of an image holding `bytes` in `files`.
+pub fn image_geometry(bytes: u64, files: u64, slack_mib: u64) -> (u64, u64) {
+    let inodes = files.saturating_mul(2).saturating_add(16_384);
+    let raw = bytes
+        .saturating_add(bytes / 5)
+        .saturating_add(inodes.saturating_mul(256))
+        .saturating_add(slack_mib.saturating_mul(1 << 20));
+    let mib = raw.div_ceil(1 << 20).clamp(MIN_IMAGE_MIB, MAX_IMAGE_MIB);
+    (mib << 20, inodes)
+}
+
+fn mkfs_binary() -> PathBuf {
+    for p in ["/usr/sbin/mkfs.ext4", "/sbin/mkfs.ext4"] {
+        if Path::new(p).is_file() {
+            return PathBuf::from(p);
+        }
+    }
+    PathBuf::from("mkfs.ext4")
+}
+
+/// Build an ext4 image at `image` with the contents of `dir`.
+pub async fn build_image(dir: &Path, image: &Path, slack_mib: u64) -> Result<()> {
+    let d = dir.to_path_buf();
+    let (bytes, files) = tokio::task::spawn_blocking(move || usage(&d))
+        .await
+        .map_err(|e| SandboxError::Internal(format!("rootfs walk failed: {e}")))??;
+    let (size, inodes) = image_geometry(bytes, files, slack_mib);
+    let f = std::fs::File::create(image)
+        .map_err(|e| SandboxError::Internal(format!("creating {}: {e}", image.display())))?;
+    f.set_len(size)
+        .map_err(|e| SandboxError::Internal(format!("sizing {}: {e}", image.display())))?;
+    drop(f);
+    let out = tokio::process::Command::new(mkfs_binary())
+        .args(["-q", "-F", "-m", "0", "-L", "burrow-rootfs", "-N"])
+        .arg(inodes.to_string())
+        .arg("-d")
+        .arg(dir)
+        .arg(image)
+        .output()
+        .await
+        .map_err(|e| {
+            SandboxError::FailedPrecondition(format!("running mkfs.ext4 (package e2fsprogs): {e}"))
+        })?;
+    if !out.status.success() {
+        let _ = std::fs::remove_file(image);
+        let err = String::from_utf8_lossy(
+            out.stderr
+                .get(..out.stderr.len().min(2048))
+                .unwrap_or_default(),
+        )
+        .into_owned();
+        return Err(SandboxError::Internal(format!(
+            "mkfs.ext4 -d {} failed ({}): {}",
+            dir.display(),
+            out.status,
+            err.trim()
+        )));
+    }
+    Ok(())
+}
+
+/// Detach-unmount `target`; "not mounted" is fine.
+pub fn unmount(target: &Path) {
+    let Ok(c) = std::ffi::CString::new(target.as_os_str().as_encoded_bytes()) else {
+        return;
+    };
+    // SAFETY: c is a valid path; umount2 has no memory effects.
+    let rc = unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINVAL) && e.raw_os_error() != Some(libc::ENOENT) {
+            tracing::warn!("unmounting {}: {e}", target.display());
+        }
+    }
+}
+
+fn mount_all(mounts: &[RootfsMount], target: &Path) -> Result<()> {
+    for m in mounts {
+        containerd_shim::mount::mount_rootfs(
+            Some(m.kind.as_str()),
+            Some(m.source.as_str()),
+            &m.options,
+            target,
+        )
+        .map_err(|e| {
+            SandboxError::Internal(format!(
+                "mounting {} ({}) on {}: {e}",
+                m.source,
+                m.kind,
+                target.display()
+            ))
+        })?;
+    }
+    Ok(())
+}
+
+/// Prepare the rootfs of `cfg` for the guest; an image goes to `image`.
+pub async fn prepare(cfg: &ContainerConfig, image: &Path, slack_mib: u64) -> Result<GuestRootfs> {
+    if let Some(p) = passthrough(&cfg.rootfs) {
+        return Ok(p);
+    }
+    let target = cfg.bundle.join("rootfs");
+    std::fs::create_dir_all(&target)
+        .map_err(|e| SandboxError::Internal(format!("creating {}: {e}", target.display())))?;
+    let mounted = !cfg.rootfs.is_empty();
+    if mounted {
+        let (m, t) = (cfg.rootfs.clone(), target.clone());
+        let r = tokio::task::spawn_blocking(move || mount_all(&m, &t))
+            .await
+            .map_err(|e| SandboxError::Internal(format!("mount task failed: {e}")))?;
+        if let Err(e) = r {
+            unmount(&target);
+            return Err(e);
+        }
+    }
+    let built = build_image(&target, image, slack_mib).await;
+    if mounted {
+        unmount(&target);
+    }
+    built?;
+    Ok(GuestRootfs {
+        disk: image.to_path_buf(),
+        read_only: false,
+        fstype: "ext4".into(),
+        image: Some(image.to_path_buf()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn geometry_is_bounded_and_has_room() {
+        let (size, inodes) = image_geometry(0, 0, 0);
+        assert_eq!(size, MIN_IMAGE_MIB << 20);
+        assert_eq!(inodes, 16_384);
+        let (size, _) = image_geometry(1 << 30, 10_000, 256);
+        assert!(size > (1 << 30) + (256 << 20));
+        let (size, _) = image_geometry(u64::MAX, u64::MAX, u64::MAX);
+        assert_eq!(size, MAX_IMAGE_MIB << 20);
+    }
+
+    #[test]
+    fn no_passthrough_for_overlay_or_files() {
+        let m = RootfsMount {
+            kind: "overlay".into(),
+            source: "overlay".into(),
+            options: vec![],
+        };
+        assert_eq!(passthrough(&[m]), None);
+        let m = RootfsMount {
+            kind: "ext4".into(),
+            source: "/etc/hostname".into(),
+            options: vec![],
+        };
+        assert_eq!(passthrough(&[m]), None);
+        assert_eq!(passthrough(&[]), None);
+    }
+
+    #[test]
+    fn usage_counts_files() {
+        let d = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir(d.path().join("a")).expect("mkdir");
+        std::fs::write(d.path().join("a/f"), vec![0u8; 10_000]).expect("write");
+        let (bytes, files) = usage(d.path()).expect("usage");
+        assert_eq!(files, 2);
+        assert!(bytes >= 10_000);
+    }
+
+    /// Needs mkfs.ext4 (e2fsprogs), which hack/setup installs.
+    #[tokio::test]
+    async fn builds_an_ext4_image_from_a_directory() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let root = d.path().join("rootfs");
+        std::fs::create_dir_all(root.join("bin")).expect("mkdir");
+        std::fs::write(root.join("bin/hello"), b"hi").expect("write");
+        let img = d.path().join("rootfs.img");
+        build_image(&root, &img, 0).await.expect("mkfs");
+        let md = std::fs::metadata(&img).expect("image");
+        assert_eq!(md.len(), MIN_IMAGE_MIB << 20);
+        // ext4 superblock magic 0xEF53 at byte 1024 + 56.
+        let data = std::fs::read(&img).expect("read");
+        assert_eq!(data.get(1080..1082), Some(&[0x53, 0xEF][..]));
+    }
+}

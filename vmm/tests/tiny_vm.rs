@@ -184,7 +184,23 @@ fn control_api_start_pause_resume_stop() {
     let k = kernel(&d, &code, true);
     let api = d.join("api.sock");
     let mut cmd = vmm(&["--kernel", k.to_str().unwrap(), "--api", api.to_str().unwrap(), "--paused"]);
-    let child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    // Read the console as it comes, so the test can wait for the guest to
+    // have run before it stops it (on a loaded host that takes a while).
+    let mut console = BufReader::new(child.stdout.take().unwrap());
+    let (seen_tx, seen_rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        let mut line = String::new();
+        while console.read_line(&mut line).unwrap_or(0) > 0 {
+            if line.contains("spinning") {
+                let _ = seen_tx.send(());
+            }
+            all.push_str(&line);
+            line.clear();
+        }
+        all
+    });
     let start = Instant::now();
     let stream = loop {
         if let Ok(s) = UnixStream::connect(&api) {
@@ -209,6 +225,9 @@ fn control_api_start_pause_resume_stop() {
             break;
         }
     }
+    seen_rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the resumed guest prints on its console");
     s.get_mut().write_all(b"{\"cmd\":\"stop\"}\n").unwrap();
     let mut saw_exit = false;
     loop {
@@ -221,8 +240,8 @@ fn control_api_start_pause_resume_stop() {
         }
     }
     assert!(saw_exit, "exit event");
-    let out = child.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(0));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("spinning"));
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert!(reader.join().unwrap().contains("spinning"));
     assert!(!api.exists(), "API socket removed on exit");
 }

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use burrow_vmm::probe::{self, ProbeOutcome, PROBE_BYTE};
+use burrow_vmm::probe::{self, cpu_virt_flag, ProbeOutcome, PROBE_BYTE};
 
 /// The three kinds of host burrow tells apart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,21 +72,6 @@ impl Facts {
     }
 }
 
-/// `vmx` or `svm` if the CPU flags in /proc/cpuinfo have either.
-pub fn cpu_virt_flag(cpuinfo: &str) -> Option<&'static str> {
-    let flags = cpuinfo
-        .lines()
-        .filter(|l| l.starts_with("flags"))
-        .flat_map(|l| l.split_whitespace());
-    for f in flags {
-        match f {
-            "vmx" => return Some("vmx"),
-            "svm" => return Some("svm"),
-            _ => {}
-        }
-    }
-    None
-}
 
 /// The human report for a host.
 pub fn report(facts: &Facts) -> String {
@@ -143,14 +128,6 @@ mod tests {
         }))
     }
 
-    #[test]
-    fn finds_cpu_flags() {
-        let amd = "processor: 0\nflags\t\t: fpu vme svm sse\n";
-        assert_eq!(cpu_virt_flag(amd), Some("svm"));
-        assert_eq!(cpu_virt_flag("flags : fpu vmx\n"), Some("vmx"));
-        assert_eq!(cpu_virt_flag("flags : fpu svm_lock\n"), None);
-        assert_eq!(cpu_virt_flag("model name: vmx svm\n"), None, "only the flags line counts");
-    }
 
     #[test]
     fn classifies_the_three_hosts() {

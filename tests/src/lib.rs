@@ -11,11 +11,7 @@ use std::path::Path;
 /// hardware virtualization (vmx/svm) rather than PVM.
 pub fn require_hardware_kvm() {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let has_flag = cpuinfo
-        .lines()
-        .filter(|l| l.starts_with("flags"))
-        .flat_map(str::split_whitespace)
-        .any(|f| f == "vmx" || f == "svm");
+    let has_flag = burrow_vmm::probe::cpu_virt_flag(&cpuinfo).is_some();
     let pvm = Path::new("/sys/module/kvm_pvm").exists();
     let dev = Path::new("/dev/kvm").exists();
     if !(dev && has_flag && !pvm) {

@@ -102,6 +102,22 @@ fn probe_code() -> [u8; 7] {
     [0xba, lo, hi, 0xb0, PROBE_BYTE, 0xee, 0xf4]
 }
 
+/// `vmx` or `svm` if the CPU flags in /proc/cpuinfo have either.
+pub fn cpu_virt_flag(cpuinfo: &str) -> Option<&'static str> {
+    let flags = cpuinfo
+        .lines()
+        .filter(|l| l.starts_with("flags"))
+        .flat_map(|l| l.split_whitespace());
+    for f in flags {
+        match f {
+            "vmx" => return Some("vmx"),
+            "svm" => return Some("svm"),
+            _ => {}
+        }
+    }
+    None
+}
+
 /// Create a VM on `/dev/kvm`, run the tiny guest and report what it wrote.
 pub fn run_tiny_guest() -> Result<ProbeOutcome, ProbeError> {
     // Declared before the VM so that it is unmapped only after the VM is gone.
@@ -211,6 +227,15 @@ pub fn tiny_elf(entry: u64, code: &[u8], pvh: bool) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn finds_cpu_flags() {
+        let amd = "processor: 0\nflags\t\t: fpu vme svm sse\n";
+        assert_eq!(cpu_virt_flag(amd), Some("svm"));
+        assert_eq!(cpu_virt_flag("flags : fpu vmx\n"), Some("vmx"));
+        assert_eq!(cpu_virt_flag("flags : fpu svm_lock\n"), None);
+        assert_eq!(cpu_virt_flag("model name: vmx svm\n"), None, "only the flags line counts");
+    }
 
     #[test]
     fn probe_code_is_out_then_hlt() {

@@ -529,13 +529,19 @@ unsafe fn child_main(
                 fail(status, "keep capabilities", errno());
             }
         }
-        if libc::setgroups(plan.groups.len(), plan.groups.as_ptr()) < 0 {
+        // Raw system calls, not glibc's setgroups/setres[ug]id: those apply
+        // the change to every thread glibc knows of (signalling each and
+        // waiting), and a child made by a raw clone(2) still carries the
+        // agent's thread list. In a new PID namespace the agent's main
+        // thread (tid 1 when it is the guest's init) is the child itself,
+        // and the wait never ends.
+        if libc::syscall(libc::SYS_setgroups, plan.groups.len(), plan.groups.as_ptr()) < 0 {
             fail(status, "setgroups", errno());
         }
-        if libc::setresgid(plan.gid, plan.gid, plan.gid) < 0 {
+        if libc::syscall(libc::SYS_setresgid, plan.gid, plan.gid, plan.gid) < 0 {
             fail(status, "setgid", errno());
         }
-        if libc::setresuid(plan.uid, plan.uid, plan.uid) < 0 {
+        if libc::syscall(libc::SYS_setresuid, plan.uid, plan.uid, plan.uid) < 0 {
             fail(status, "setuid", errno());
         }
         if let Some(caps) = &plan.caps {

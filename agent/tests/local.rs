@@ -376,8 +376,9 @@ fn spec_json(args: &[&str]) -> Vec<u8> {
         ],
         "linux": {
             "namespaces": [{"type": "pid"}, {"type": "mount"}, {"type": "uts"}, {"type": "ipc"}],
-            "maskedPaths": ["/proc/kcore"],
-            "readonlyPaths": ["/proc/sys"]
+            "maskedPaths": ["/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+                            "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware"],
+            "readonlyPaths": ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
         }
     }))
     .expect("json")

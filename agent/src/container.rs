@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 use std::ffi::CString;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -326,34 +326,60 @@ pub fn plan(p: &OciProcess, namespaces: Namespaces) -> Result<ChildPlan> {
     })
 }
 
-/// Create stdio for a new process and start it.
+/// Create stdio for a new process and start it. A terminal comes from the
+/// devpts under `pty_root` (the container's root as seen through
+/// /proc/<pid>/root, so that it is a /dev/pts/N inside the container). A
+/// container's init has no such root before it exists: it is started at
+/// the gate without a terminal and given one there.
 pub async fn start_process(
     exec_id: &str,
     p: &OciProcess,
+    pty_root: &Path,
     namespaces: Namespaces,
     want_stdin: bool,
     gated: bool,
 ) -> Result<Process> {
-    let plan = plan(p, namespaces)?;
-    let (child, parent) = if plan.terminal {
-        let size = p.console_size().map(|b| libc::winsize {
-            ws_row: u16::try_from(b.height()).unwrap_or(u16::MAX),
-            ws_col: u16::try_from(b.width()).unwrap_or(u16::MAX),
-            ws_xpixel: 0,
-            ws_ypixel: 0,
-        });
-        let pty = spawn::with_fork_lock(|| -> Result<_> {
-            let pty = nix::pty::openpty(size.as_ref(), None)
-                .map_err(|e| AgentError::os("open a terminal", e))?;
-            for fd in [&pty.master, &pty.slave] {
-                nix::fcntl::fcntl(
-                    fd.as_fd(),
-                    nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
-                )
-                .map_err(|e| AgentError::os("set close-on-exec", e))?;
+    let mut plan = plan(p, namespaces)?;
+    let late_terminal =
+        plan.terminal && gated && matches!(plan.namespaces, Namespaces::NewContainer { .. });
+    let size = p.console_size().map(|b| libc::winsize {
+        ws_row: u16::try_from(b.height()).unwrap_or(u16::MAX),
+        ws_col: u16::try_from(b.width()).unwrap_or(u16::MAX),
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    });
+    if late_terminal {
+        plan.terminal = false;
+        let null = || {
+            nix::fcntl::open("/dev/null", OFlag::O_RDWR | OFlag::O_CLOEXEC, Mode::empty())
+                .map_err(|e| AgentError::os("open /dev/null", e))
+        };
+        let child = ChildStdio {
+            stdin: null()?,
+            stdout: null()?,
+            stderr: null()?,
+        };
+        let (pid, exit, gate) = spawn::spawn(plan, child, gated).await?;
+        let root = PathBuf::from(format!("/proc/{pid}/root"));
+        let opened = spawn::with_fork_lock(|| open_pty(&root, size.as_ref())).and_then(|pty| {
+            if let Some(g) = &gate {
+                g.send_terminal(&pty.slave)?;
             }
             Ok(pty)
-        })?;
+        });
+        let pty = match opened {
+            Ok(pty) => pty,
+            Err(e) => {
+                // SAFETY: kill(2) on the child we just forked.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                return Err(e);
+            }
+        };
+        let parent = pty_parent(pty.master)?;
+        return Process::new(exec_id.to_string(), pid, exit, parent, gate);
+    }
+    let (child, parent) = if plan.terminal {
+        let pty = spawn::with_fork_lock(|| open_pty(pty_root, size.as_ref()))?;
         let dup = |fd: &OwnedFd| {
             fd.try_clone()
                 .map_err(|e| AgentError::io("dup the terminal", e))
@@ -363,13 +389,7 @@ pub async fn start_process(
             stdout: dup(&pty.slave)?,
             stderr: pty.slave,
         };
-        let parent = ParentStdio {
-            stdin: Some(dup(&pty.master)?),
-            stdout: Some(dup(&pty.master)?),
-            stderr: None,
-            pty: Some(pty.master),
-        };
-        (child, parent)
+        (child, pty_parent(pty.master)?)
     } else {
         let pipe =
             || nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| AgentError::os("create a pipe", e));
@@ -405,6 +425,74 @@ pub async fn start_process(
     Process::new(exec_id.to_string(), pid, exit, parent, gate)
 }
 
+/// The agent's ends of a terminal: master for input, output and resize.
+fn pty_parent(master: OwnedFd) -> Result<ParentStdio> {
+    let dup = |fd: &OwnedFd| {
+        fd.try_clone()
+            .map_err(|e| AgentError::io("dup the terminal", e))
+    };
+    Ok(ParentStdio {
+        stdin: Some(dup(&master)?),
+        stdout: Some(dup(&master)?),
+        stderr: None,
+        pty: Some(master),
+    })
+}
+
+/// A terminal for a process whose root is `root`: from that root's own
+/// devpts instance (`/dev/pts/ptmx`, mounted `newinstance` by the spec), so
+/// that inside the container the terminal is a /dev/pts/N that exists and
+/// `tty`/`ttyname` work, as with runc; the agent's devpts otherwise. Both
+/// ends close-on-exec (the child dups the slave onto 0-2).
+fn open_pty(root: &Path, size: Option<&libc::winsize>) -> Result<nix::pty::OpenptyResult> {
+    let ptmx = root.join("dev/pts/ptmx");
+    if !ptmx.exists() {
+        let pty =
+            nix::pty::openpty(size, None).map_err(|e| AgentError::os("open a terminal", e))?;
+        for fd in [&pty.master, &pty.slave] {
+            nix::fcntl::fcntl(
+                fd.as_fd(),
+                nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+            )
+            .map_err(|e| AgentError::os("set close-on-exec", e))?;
+        }
+        return Ok(pty);
+    }
+    let master = nix::fcntl::open(
+        &ptmx,
+        OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| AgentError::os(format!("open {}", ptmx.display()), e))?;
+    let unlock: libc::c_int = 0;
+    // SAFETY: ioctls on a terminal master we own, with valid pointers.
+    let slave = unsafe {
+        if libc::ioctl(master.as_raw_fd(), libc::TIOCSPTLCK, &unlock) < 0 {
+            return Err(AgentError::os(
+                "unlock the terminal",
+                nix::errno::Errno::last(),
+            ));
+        }
+        if let Some(ws) = size {
+            libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, ws);
+        }
+        libc::ioctl(
+            master.as_raw_fd(),
+            libc::TIOCGPTPEER,
+            libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
+        )
+    };
+    if slave < 0 {
+        return Err(AgentError::os(
+            "open the terminal's peer",
+            nix::errno::Errno::last(),
+        ));
+    }
+    // SAFETY: TIOCGPTPEER returned a new fd that nothing else owns.
+    let slave = unsafe { OwnedFd::from_raw_fd(slave) };
+    Ok(nix::pty::OpenptyResult { master, slave })
+}
+
 /// Fds of the namespaces of a running container init, to join. `pid`:
 /// the container has a PID namespace of its own.
 pub fn join_namespaces(init_pid: i32, pid: bool) -> Result<Namespaces> {
@@ -431,9 +519,10 @@ pub fn pid_namespace(spec: &Spec) -> Result<Option<ProcMasks>> {
     let Some(linux) = spec.linux() else {
         return Ok(None);
     };
-    let wants = linux.namespaces().iter().flatten().any(|ns| {
-        ns.typ() == oci_spec::runtime::LinuxNamespaceType::Pid && ns.path().is_none()
-    });
+    let wants =
+        linux.namespaces().iter().flatten().any(|ns| {
+            ns.typ() == oci_spec::runtime::LinuxNamespaceType::Pid && ns.path().is_none()
+        });
     if !wants {
         return Ok(None);
     }

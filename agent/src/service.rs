@@ -119,7 +119,7 @@ impl AgentService {
                 hostname,
                 pid: pid_masks,
             };
-            container::start_process("", process, ns, req.stdin, true).await
+            container::start_process("", process, &rootfs_path, ns, req.stdin, true).await
         }
         .await;
         let init = match started {
@@ -211,8 +211,8 @@ impl AgentService {
                 ));
             }
         }
-        let ns = if c.id.is_empty() {
-            Namespaces::Guest
+        let (ns, pty_root) = if c.id.is_empty() {
+            (Namespaces::Guest, PathBuf::from("/"))
         } else {
             let init = c.process("")?;
             if !init.running() {
@@ -221,9 +221,14 @@ impl AgentService {
                     c.id
                 )));
             }
-            container::join_namespaces(init.pid, c.own_pid_ns)?
+            (
+                container::join_namespaces(init.pid, c.own_pid_ns)?,
+                PathBuf::from(format!("/proc/{}/root", init.pid)),
+            )
         };
-        let p = Arc::new(container::start_process(&req.exec_id, &oci, ns, req.stdin, false).await?);
+        let p = Arc::new(
+            container::start_process(&req.exec_id, &oci, &pty_root, ns, req.stdin, false).await?,
+        );
         let pid = p.pid;
         let mut procs = c.processes.lock().unwrap_or_else(|p| p.into_inner());
         if procs.contains_key(&req.exec_id) {

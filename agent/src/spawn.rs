@@ -58,7 +58,10 @@ pub enum Namespaces {
     /// Join a running container through fds of its init's namespaces
     /// (`fds`: set up in the child) and PID namespace (`pid`: entered by
     /// the forking thread, since a PID namespace applies to children).
-    Join { fds: Vec<OwnedFd>, pid: Option<OwnedFd> },
+    Join {
+        fds: Vec<OwnedFd>,
+        pid: Option<OwnedFd>,
+    },
 }
 
 /// The spec's masked and read-only paths under /proc, applied again to the
@@ -127,8 +130,15 @@ pub async fn spawn(
     let (status_r, status_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
         .map_err(|e| AgentError::os("create a status pipe", e))?;
     let (start_r, start_w) = if gated {
-        let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-            .map_err(|e| AgentError::os("create a start pipe", e))?;
+        // A socket pair rather than a pipe: the gate can pass the child its
+        // terminal (an fd) before the start byte.
+        let (r, w) = nix::sys::socket::socketpair(
+            nix::sys::socket::AddressFamily::Unix,
+            nix::sys::socket::SockType::Stream,
+            None,
+            nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        )
+        .map_err(|e| AgentError::os("create a start socket", e))?;
         (Some(r), Some(w))
     } else {
         (None, None)
@@ -167,7 +177,10 @@ fn fork_in_pid_namespace(ns: &OwnedFd) -> Result<i32> {
     .map_err(|e| AgentError::os("open the agent's PID namespace", e))?;
     // SAFETY: setns(2) on fds we own.
     if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWPID) } < 0 {
-        return Err(AgentError::os("enter the container's PID namespace", Errno::last()));
+        return Err(AgentError::os(
+            "enter the container's PID namespace",
+            Errno::last(),
+        ));
     }
     // SAFETY: as in `fork_child`: the child only runs `child_main`.
     let pid = unsafe { libc::fork() };
@@ -178,7 +191,10 @@ fn fork_in_pid_namespace(ns: &OwnedFd) -> Result<i32> {
     // SAFETY: setns(2) back into this thread's own active PID namespace.
     if unsafe { libc::setns(own.as_raw_fd(), libc::CLONE_NEWPID) } < 0 {
         // Every later child of this thread would land in the container.
-        tracing::error!("cannot return to the agent's PID namespace: {}", Errno::last());
+        tracing::error!(
+            "cannot return to the agent's PID namespace: {}",
+            Errno::last()
+        );
         std::process::abort();
     }
     if pid < 0 {
@@ -241,6 +257,24 @@ fn fork_child(
 }
 
 impl Gate {
+    /// Give the held child `tty` as its stdin/stdout/stderr and controlling
+    /// terminal (opened after the child's namespaces exist, so from its own
+    /// devpts).
+    pub fn send_terminal(&self, tty: &OwnedFd) -> Result<()> {
+        let fds = [tty.as_raw_fd()];
+        let cmsg = [nix::sys::socket::ControlMessage::ScmRights(&fds)];
+        let iov = [std::io::IoSlice::new(b"T")];
+        nix::sys::socket::sendmsg::<()>(
+            self.start.as_raw_fd(),
+            &iov,
+            &cmsg,
+            nix::sys::socket::MsgFlags::empty(),
+            None,
+        )
+        .map_err(|e| AgentError::os("pass the terminal to the process", e))?;
+        Ok(())
+    }
+
     /// Let the held child exec; returns once exec succeeded or failed.
     pub async fn release(self) -> Result<()> {
         nix::unistd::write(&self.start, b"S")
@@ -330,7 +364,11 @@ unsafe fn mount_own_proc(status: RawFd, masks: &ProcMasks) {
             std::ptr::null(),
         ) < 0
         {
-            fail(status, "mount /proc for the container's PID namespace", errno());
+            fail(
+                status,
+                "mount /proc for the container's PID namespace",
+                errno(),
+            );
         }
         for path in &masks.masked {
             let file = libc::mount(
@@ -368,6 +406,53 @@ unsafe fn mount_own_proc(status: RawFd, masks: &ProcMasks) {
                 );
             }
         }
+    }
+}
+
+enum GateMsg {
+    Start,
+    Terminal(RawFd),
+    Nothing,
+}
+
+/// One message from the gate socket: the start byte, or a terminal fd.
+/// None at EOF or on error. Only system calls (runs in the child).
+unsafe fn recv_gate(start: RawFd) -> Option<GateMsg> {
+    // SAFETY: recvmsg(2) into buffers on this stack frame; the control
+    // buffer is u64-aligned as cmsghdr needs.
+    unsafe {
+        let mut b = [0u8; 1];
+        let mut iov = libc::iovec {
+            iov_base: b.as_mut_ptr().cast(),
+            iov_len: 1,
+        };
+        let mut control = [0u64; 8];
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&control) as _;
+        let n = libc::recvmsg(start, &mut msg, libc::MSG_CMSG_CLOEXEC);
+        if n < 0 && errno() == libc::EINTR {
+            return Some(GateMsg::Nothing);
+        }
+        if n != 1 {
+            return None;
+        }
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        if b[0] == b'T'
+            && !c.is_null()
+            && (*c).cmsg_level == libc::SOL_SOCKET
+            && (*c).cmsg_type == libc::SCM_RIGHTS
+        {
+            let fd = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<RawFd>());
+            return Some(GateMsg::Terminal(fd));
+        }
+        Some(if b[0] == b'T' {
+            GateMsg::Nothing
+        } else {
+            GateMsg::Start
+        })
     }
 }
 
@@ -590,17 +675,24 @@ unsafe fn child_main(
         if start >= 0 {
             let ready = [b'R'; RECORD];
             libc::write(status, ready.as_ptr().cast(), RECORD);
-            let mut b = [0u8; 1];
             loop {
-                let n = libc::read(start, b.as_mut_ptr().cast(), 1);
-                if n == 1 {
-                    break;
+                match recv_gate(start) {
+                    Some(GateMsg::Start) => break,
+                    Some(GateMsg::Terminal(fd)) => {
+                        for target in 0..3 {
+                            if libc::dup2(fd, target) < 0 {
+                                fail(status, "install the terminal", errno());
+                            }
+                        }
+                        libc::close(fd);
+                        if libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                            fail(status, "set controlling terminal", errno());
+                        }
+                    }
+                    Some(GateMsg::Nothing) => {}
+                    // The agent dropped us without starting: quietly go away.
+                    None => libc::_exit(1),
                 }
-                if n < 0 && errno() == libc::EINTR {
-                    continue;
-                }
-                // The agent dropped us without starting: quietly go away.
-                libc::_exit(1);
             }
         }
         let mut err = libc::ENOENT;

@@ -439,7 +439,10 @@ async fn container_runs_its_spec() {
     assert!(out.contains("pid:1\n"), "{out:?}");
     assert!(!out.contains("kcore-visible"), "{out:?}");
     assert!(out.contains("sys-ro\n"), "{out:?}");
-    assert!(out.ends_with("sys-ro\n3\n"), "only the container's processes in /proc: {out:?}");
+    assert!(
+        out.ends_with("sys-ro\n3\n"),
+        "only the container's processes in /proc: {out:?}"
+    );
     let w = wait(&a, "c1", "").await;
     assert_eq!(w.exit_code, 3);
     let (code, _) = code_of(a.client.start_container(ctx(), &creq("c1")).await);
@@ -457,6 +460,34 @@ async fn container_runs_its_spec() {
         .expect("usr")
         .next()
         .is_none());
+}
+
+#[tokio::test]
+async fn container_init_gets_a_terminal_from_its_own_devpts() {
+    let a = TestAgent::start().await;
+    let rootfs = make_rootfs(a.path());
+    let mut spec: serde_json::Value =
+        serde_json::from_slice(&spec_json(&["sh", "-c", "tty; stty size"])).expect("spec");
+    spec["process"]["terminal"] = true.into();
+    spec["process"]["consoleSize"] = serde_json::json!({"height": 30, "width": 100});
+    let mut req = CreateContainerRequest::new();
+    req.container_id = "tty".into();
+    req.oci_spec = serde_json::to_vec(&spec).expect("json");
+    let mut r = Rootfs::new();
+    r.source = rootfs.display().to_string();
+    r.fstype = "bind".into();
+    req.rootfs = Some(r).into();
+    a.client
+        .create_container(ctx(), &req)
+        .await
+        .expect("create");
+    a.client
+        .start_container(ctx(), &creq("tty"))
+        .await
+        .expect("start");
+    let out = String::from_utf8_lossy(&read_all(&a, "tty", "", false).await).into_owned();
+    assert_eq!(out.replace('\r', ""), "/dev/pts/0\n30 100\n");
+    assert_eq!(wait(&a, "tty", "").await.exit_code, 0);
 }
 
 #[tokio::test]
@@ -503,6 +534,25 @@ async fn exec_joins_a_running_container() {
     }
     // The exec joined the container's PID namespace: init is PID 1 there.
     assert_eq!(out, "ctr-test\n1\n");
+    // A terminal comes from the container's own devpts: `tty` names it.
+    let mut req = ExecProcessRequest::new();
+    req.container_id = "c2".into();
+    req.exec_id = "tty".into();
+    req.oci_process = process_json(&["tty"], true);
+    a.client
+        .exec_process(ctx(), &req)
+        .await
+        .expect("exec with a terminal");
+    let out = String::from_utf8_lossy(&read_all(&a, "c2", "tty", false).await).into_owned();
+    assert_eq!(out.trim(), "/dev/pts/0", "{out:?}");
+    assert_eq!(wait(&a, "c2", "tty").await.exit_code, 0);
+    let mut del = ProcessRequest::new();
+    del.container_id = "c2".into();
+    del.exec_id = "tty".into();
+    a.client
+        .delete_process(ctx(), &del)
+        .await
+        .expect("delete process");
     let list = a
         .client
         .list_processes(ctx(), &creq("c2"))

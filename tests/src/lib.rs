@@ -5,6 +5,8 @@
 //! test command routes them there. Run anywhere else, they fail with a message
 //! that says why instead of passing by skipping themselves.
 
+pub mod containerd;
+
 use std::path::Path;
 
 /// Panic with a clear message unless this host has `/dev/kvm` backed by

@@ -249,7 +249,9 @@ fn agent_in_a_vm_runs_a_busybox_container() {
         // so the in-VM stream is 4 MB until that is fixed. The 100 MiB
         // bounded-memory stream is covered by agent/tests/local.rs.
         let before = agent_peak_kib(&c).await;
-        exec(&c, "bb", "big", &["sh", "-c", "yes 0123456789abcdef0123456789abcde | head -c 4000000"]).await.unwrap();
+        let total: usize = std::env::var("BURROW_TEST_STREAM_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(4_000_000);
+        let cmd = format!("yes 0123456789abcdef0123456789abcde | head -c {total}");
+        exec(&c, "bb", "big", &["sh", "-c", &cmd]).await.unwrap();
         let line = b"0123456789abcdef0123456789abcde\n";
         let mut got = 0usize;
         loop {
@@ -265,7 +267,7 @@ fn agent_in_a_vm_runs_a_busybox_container() {
             }
             got += chunk.data.len();
         }
-        assert_eq!(got, 4_000_000);
+        assert_eq!(got, total);
         assert_eq!(wait(&c, "bb", "big").await.exit_code, 0);
         let after = agent_peak_kib(&c).await;
         assert!(after < before + 32 * 1024, "agent peak RSS {before} KiB -> {after} KiB");

@@ -1,0 +1,390 @@
+//! A private containerd for one test: its own root, state, socket and
+//! burrow config on scratch space, with the workspace's shim on its PATH and
+//! the locally built busybox image imported. Dropping it kills containerd,
+//! every shim and VMM it started, and removes its directories.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// The image every test runs (built by tests/images/busybox).
+pub const IMAGE: &str = "docker.io/library/busybox:latest";
+/// The runtime under test.
+pub const RUNTIME: &str = "io.containerd.burrow.v2";
+
+/// One containerd test at a time: each boots VMs in a nested, software-CPU
+/// test host with two vCPUs, and parallel ones only slow each other down.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+pub struct Containerd {
+    child: Child,
+    _serial: MutexGuard<'static, ()>,
+    /// Scratch directory: configs, socket, logs, burrow's state dir.
+    pub dir: PathBuf,
+    /// containerd's root (snapshots, content); on a filesystem overlayfs
+    /// accepts as an upper dir.
+    pub root: PathBuf,
+    pub socket: PathBuf,
+}
+
+/// What one `ctr` call did.
+#[derive(Debug)]
+pub struct Run {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+    /// Killed for taking longer than its limit.
+    pub timed_out: bool,
+}
+
+impl Run {
+    fn from(out: Output, elapsed: Duration, timed_out: bool) -> Self {
+        Self {
+            timed_out,
+            code: out.status.code(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            elapsed,
+        }
+    }
+}
+
+/// Wait for `child` at most `limit`; kill it if it takes longer.
+pub fn wait_output(mut child: Child, limit: Duration) -> (Output, bool) {
+    let start = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) | Err(_) => break,
+            Ok(None) if start.elapsed() > limit => {
+                let _ = child.kill();
+                let out = child.wait_with_output().expect("collect a killed child");
+                return (out, true);
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+    (child.wait_with_output().expect("collect child output"), false)
+}
+
+impl Containerd {
+    /// Start containerd for test `name` with burrow's `extra_config` lines
+    /// appended to the generated burrow config.
+    pub fn start(name: &str, extra_config: &str) -> Self {
+        crate::require_hardware_kvm();
+        let serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        let kernel = crate::asset_from_env("BURROW_GUEST_KERNEL", "guest-kernel/build");
+        let initrd = crate::asset_from_env("BURROW_AGENT_INITRD", "rootfs/build");
+        let image = crate::asset_from_env("BURROW_BUSYBOX_IMAGE", "tests/images/busybox");
+        let shim = crate::workspace_bin("containerd-shim-burrow-v2");
+        crate::workspace_bin("burrow-vmm");
+        assert!(
+            which("containerd") && which("ctr"),
+            "containerd and ctr are missing: apt-get install containerd (hack/setup --deps does)"
+        );
+        let unique = format!("{name}-{}", std::process::id());
+        // /run is a tmpfs in hack/testhost and on most hosts; containerd's
+        // overlayfs snapshots need a non-overlay upper.
+        let dir = PathBuf::from("/run/burrow-test").join(&unique);
+        let root = PathBuf::from("/var/lib/containerd").join(format!("burrow-test-{unique}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create the test's scratch dir");
+        std::fs::create_dir_all(&root).expect("create containerd's root");
+        let socket = dir.join("containerd.sock");
+        let burrow_config = dir.join("burrow.toml");
+        std::fs::write(
+            &burrow_config,
+            format!(
+                "kernel = {:?}\ninitrd = {:?}\nstate_dir = {:?}\n{extra_config}\n",
+                kernel.display().to_string(),
+                initrd.display().to_string(),
+                dir.join("burrow").display().to_string(),
+            ),
+        )
+        .expect("write burrow config");
+        let containerd_config = dir.join("containerd.toml");
+        std::fs::write(
+            &containerd_config,
+            format!(
+                "version = 2\nroot = {:?}\nstate = {:?}\n[grpc]\n  address = {:?}\n[ttrpc]\n  address = {:?}\n",
+                root.display().to_string(),
+                dir.join("state").display().to_string(),
+                socket.display().to_string(),
+                dir.join("containerd.ttrpc.sock").display().to_string(),
+            ),
+        )
+        .expect("write containerd config");
+        let bin_dir = shim.parent().expect("shim has a directory").to_path_buf();
+        let path = format!(
+            "{}:{}",
+            bin_dir.display(),
+            std::env::var("PATH").unwrap_or_else(|_| "/usr/sbin:/usr/bin:/sbin:/bin".into())
+        );
+        let log = std::fs::File::create(dir.join("containerd.log")).expect("containerd log");
+        let child = Command::new("containerd")
+            .arg("--config")
+            .arg(&containerd_config)
+            .args(["--log-level", "debug"])
+            .env("PATH", &path)
+            .env("BURROW_CONFIG", &burrow_config)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("dup log"))
+            .stderr(log)
+            .spawn()
+            .expect("start containerd");
+        let c = Self {
+            child,
+            _serial: serial,
+            dir,
+            root,
+            socket,
+        };
+        let start = Instant::now();
+        while c.try_ctr(&["version"], None, Duration::from_secs(10)).code != Some(0) {
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "containerd did not answer in 60 s\n{}",
+                c.diagnostics()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let r = c.ctr(&["images", "import", &image.display().to_string()]);
+        assert_eq!(r.code, Some(0), "ctr images import: {r:?}\n{}", c.diagnostics());
+        c
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new("ctr");
+        cmd.arg("--address").arg(&self.socket).args(args);
+        cmd
+    }
+
+    /// Run `ctr ARGS` with no stdin, at most 10 minutes.
+    pub fn ctr(&self, args: &[&str]) -> Run {
+        self.ctr_with(args, None, Duration::from_secs(600))
+    }
+
+    /// Run `ctr ARGS`, feeding `stdin` if given, killed after `limit`.
+    pub fn ctr_with(&self, args: &[&str], stdin: Option<&[u8]>, limit: Duration) -> Run {
+        let r = self.try_ctr(args, stdin, limit);
+        assert!(!r.timed_out, "ctr {args:?} did not finish in {limit:?}\n{}", self.diagnostics());
+        r
+    }
+
+    /// Like [`ctr_with`](Self::ctr_with) but reports a timeout instead of
+    /// panicking.
+    pub fn try_ctr(&self, args: &[&str], stdin: Option<&[u8]>, limit: Duration) -> Run {
+        let start = Instant::now();
+        let mut child = self
+            .command(args)
+            .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run ctr");
+        if let Some(data) = stdin {
+            let mut w = child.stdin.take().expect("ctr stdin");
+            let data = data.to_vec();
+            std::thread::spawn(move || {
+                let _ = w.write_all(&data);
+            });
+        }
+        let (out, killed) = wait_output(child, limit);
+        Run::from(out, start.elapsed(), killed)
+    }
+
+    /// Start `ctr ARGS` in the background (stdout/stderr piped).
+    pub fn spawn_ctr(&self, args: &[&str]) -> Child {
+        self.command(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run ctr")
+    }
+
+    /// The `ctr run` arguments for burrow and the busybox image:
+    /// `run --runtime burrow [FLAGS] IMAGE ID CMD...`.
+    pub fn run_args<'a>(flags: &[&'a str], id: &'a str, cmd: &[&'a str]) -> Vec<&'a str> {
+        let mut v = vec!["run", "--runtime", RUNTIME];
+        v.extend_from_slice(flags);
+        v.push(IMAGE);
+        v.push(id);
+        v.extend_from_slice(cmd);
+        v
+    }
+
+    /// burrow's state directory for this containerd.
+    pub fn burrow_state(&self) -> PathBuf {
+        self.dir.join("burrow")
+    }
+
+    /// Task status as `ctr task ls` prints it (RUNNING, PAUSED, STOPPED...).
+    pub fn task_status(&self, id: &str) -> Option<String> {
+        let r = self.ctr(&["task", "ls"]);
+        r.stdout.lines().find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.first() == Some(&id)).then(|| f.get(2).map(|s| s.to_string()).unwrap_or_default())
+        })
+    }
+
+    /// Wait until `ctr task ls` shows `id` with `status`.
+    pub fn wait_status(&self, id: &str, status: &str, limit: Duration) {
+        let start = Instant::now();
+        loop {
+            let now = self.task_status(id);
+            if now.as_deref() == Some(status) {
+                return;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "task {id} is {now:?}, not {status}, after {limit:?}\n{}",
+                self.diagnostics()
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// Pid of the burrow-vmm serving sandbox `id` (from the shim's state).
+    pub fn vmm_pid(&self, id: &str) -> i32 {
+        let p = self.burrow_state().join("default").join(id).join("vmm.pid");
+        let s = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        s.trim().parse().unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    }
+
+    /// What is left of burrow after every task is deleted: burrow-vmm
+    /// processes started for this containerd, files under its state dir,
+    /// mounts under its directories. Empty when clean.
+    pub fn leftovers(&self) -> Vec<String> {
+        let mut left = Vec::new();
+        let state = self.burrow_state();
+        let marker = state.display().to_string();
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            if cmdline.contains("burrow-vmm") && cmdline.contains(&marker) {
+                left.push(format!("process {}: {cmdline}", entry.file_name().to_string_lossy()));
+            }
+        }
+        if state.exists() {
+            for f in walk(&state) {
+                left.push(format!("file {}", f.display()));
+            }
+        }
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let dir = self.dir.display().to_string();
+        let root = self.root.display().to_string();
+        for m in mounts.lines() {
+            let target = m.split_whitespace().nth(4).unwrap_or("");
+            if (target.starts_with(&dir) || target.starts_with(&root)) && !target.ends_with("/snapshots") {
+                left.push(format!("mount {target}"));
+            }
+        }
+        left
+    }
+
+    /// Wait until [`leftovers`](Self::leftovers) is empty.
+    pub fn assert_clean(&self, limit: Duration) {
+        let start = Instant::now();
+        loop {
+            let left = self.leftovers();
+            if left.is_empty() {
+                return;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "burrow left things behind after delete:\n  {}\n{}",
+                left.join("\n  "),
+                self.diagnostics()
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// containerd's log (which carries the shim's) and every VM console.
+    pub fn diagnostics(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.join("containerd.log")).unwrap_or_default();
+        let interesting: Vec<&str> = log
+            .lines()
+            .filter(|l| !l.contains("level=debug") || l.contains("burrow"))
+            .collect();
+        let tail = interesting[interesting.len().saturating_sub(60)..].join("\n");
+        let mut out = format!("--- containerd log (tail) ---\n{tail}\n");
+        for f in walk(&self.burrow_state()) {
+            if f.file_name().is_some_and(|n| n == "console.log" || n == "vmm.log") {
+                let text = std::fs::read_to_string(&f).unwrap_or_default();
+                let lines: Vec<&str> = text.lines().collect();
+                let tail = lines[lines.len().saturating_sub(30)..].join("\n");
+                out.push_str(&format!("--- {} (tail) ---\n{tail}\n", f.display()));
+            }
+        }
+        out
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        // Delete what is left so shims stop their VMs, then stop containerd.
+        let limit = Duration::from_secs(60);
+        let ls = self.try_ctr(&["task", "ls", "-q"], None, limit);
+        for id in ls.stdout.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            let _ = self.try_ctr(&["task", "kill", "-s", "SIGKILL", id], None, limit);
+            let _ = self.try_ctr(&["task", "delete", "-f", id], None, limit);
+        }
+        let ls = self.try_ctr(&["containers", "ls", "-q"], None, limit);
+        for id in ls.stdout.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            let _ = self.try_ctr(&["containers", "rm", id], None, limit);
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let marker = self.burrow_state().display().to_string();
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            if cmdline.contains(&marker) {
+                if let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() {
+                    // SAFETY: kill(2) has no memory-safety preconditions.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
+            }
+        }
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let mut targets: Vec<&str> = mounts
+            .lines()
+            .filter_map(|m| m.split_whitespace().nth(4))
+            .filter(|t| t.starts_with(&*self.root.to_string_lossy()) || t.starts_with(&*self.dir.to_string_lossy()))
+            .collect();
+        targets.reverse();
+        for t in targets {
+            let _ = Command::new("umount").args(["-l", t]).status();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+fn which(cmd: &str) -> bool {
+    std::env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .any(|d| Path::new(d).join(cmd).is_file())
+}
+
+/// Every file (not directory) under `dir`.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() && !p.is_symlink() {
+                stack.push(p);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}

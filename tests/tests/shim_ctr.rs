@@ -1,0 +1,212 @@
+//! containerd → containerd-shim-burrow-v2 → burrow-vmm → guest agent, end to
+//! end: each test starts its own containerd (state on scratch space, the
+//! locally built busybox image imported) and drives it with `ctr`, as a user
+//! would. Run inside hack/testhost (or on a host with hardware KVM).
+
+#![allow(clippy::unwrap_used)]
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use burrow_tests::containerd::{wait_output, Containerd, IMAGE, RUNTIME};
+
+/// Nested guests boot slowly (QEMU TCG): allow minutes, assert no timings.
+const LONG: Duration = Duration::from_secs(900);
+const CLEAN: Duration = Duration::from_secs(60);
+
+fn containerd(name: &str) -> Containerd {
+    Containerd::start(name, "agent_timeout_secs = 15\n[memory_mib]\ndefault = 256\n")
+}
+
+fn run<'a>(flags: &[&'a str], id: &'a str, cmd: &[&'a str]) -> Vec<&'a str> {
+    Containerd::run_args(flags, id, cmd)
+}
+
+#[test]
+fn ctr_run_prints_output_and_exit_status_from_a_separate_kernel() {
+    let c = containerd("run");
+    let host_kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let r = c.ctr(&run(
+        &["--rm"],
+        "t-run",
+        &["sh", "-c", "echo hello from burrow; cat /proc/sys/kernel/osrelease; ps -o comm; exit 7"],
+    ));
+    assert_eq!(r.code, Some(7), "exit 7 must come back as 7: {r:?}\n{}", c.diagnostics());
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(lines.first(), Some(&"hello from burrow"), "{r:?}");
+    let guest_kernel = lines.get(1).copied().unwrap_or_default();
+    assert!(
+        !guest_kernel.is_empty() && guest_kernel != host_kernel.trim(),
+        "the container must run on its own kernel: host {host_kernel:?}, container {guest_kernel:?}"
+    );
+    for host_only in ["containerd", "containerd-shim", "burrow-vmm", "ctr"] {
+        assert!(
+            !lines.iter().skip(2).any(|l| l.trim() == host_only),
+            "host process {host_only} is visible inside the container:\n{}",
+            r.stdout
+        );
+    }
+    c.assert_clean(CLEAN);
+}
+
+#[test]
+fn ctr_run_stdin_terminal_and_signals() {
+    let c = containerd("stdio");
+    // Interactive stdin (ctr run forwards its stdin unless --null-io).
+    let r = c.ctr_with(
+        &run(&["--rm"], "t-stdin", &["sh", "-c", "read line; echo got:$line"]),
+        Some(b"ping\n"),
+        LONG,
+    );
+    assert_eq!(r.code, Some(0), "{r:?}\n{}", c.diagnostics());
+    assert_eq!(r.stdout.trim(), "got:ping", "{r:?}");
+
+    // -t gives the process a terminal (ctr needs one itself: script(1)).
+    let inner = format!(
+        "ctr --address {} run --rm -t --runtime {RUNTIME} {IMAGE} t-tty tty",
+        c.socket.display()
+    );
+    let child = Command::new("script")
+        .args(["-qec", &inner, "/dev/null"])
+        .env("COLUMNS", "100")
+        .env("LINES", "30")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("script(1) from util-linux/bsdutils");
+    let (out, killed) = wait_output(child, LONG);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!killed, "ctr run -t hung: {text}\n{}", c.diagnostics());
+    assert!(text.contains("/dev/pts/"), "no terminal inside `ctr run -t`: {text:?}\n{}", c.diagnostics());
+
+    // A process killed by a signal reports it (128 + 9).
+    let child = c.spawn_ctr(&run(&["--rm"], "t-sig", &["sleep", "3600"]));
+    c.wait_status("t-sig", "RUNNING", LONG);
+    let k = c.ctr(&["task", "kill", "-s", "SIGKILL", "t-sig"]);
+    assert_eq!(k.code, Some(0), "{k:?}");
+    let (out, killed) = wait_output(child, LONG);
+    assert!(!killed, "ctr run did not end after SIGKILL\n{}", c.diagnostics());
+    assert_eq!(out.status.code(), Some(137), "{out:?}\n{}", c.diagnostics());
+    c.assert_clean(CLEAN);
+}
+
+#[test]
+fn ctr_task_exec_ps_pause_resume_kill_delete() {
+    let c = containerd("task");
+    let r = c.ctr(&run(&["-d"], "t-task", &["sleep", "3600"]));
+    assert_eq!(r.code, Some(0), "{r:?}\n{}", c.diagnostics());
+    c.wait_status("t-task", "RUNNING", LONG);
+
+    let e = c.ctr(&["task", "exec", "--exec-id", "e1", "t-task", "sh", "-c", "echo in exec; ps -o comm; exit 3"]);
+    assert_eq!(e.code, Some(3), "{e:?}\n{}", c.diagnostics());
+    assert!(e.stdout.starts_with("in exec"), "{e:?}");
+    assert!(e.stdout.lines().any(|l| l.trim() == "sleep"), "exec must see the container's processes: {e:?}");
+
+    let ps = c.ctr(&["task", "ps", "t-task"]);
+    assert_eq!(ps.code, Some(0), "{ps:?}");
+    let pids = ps.stdout.lines().skip(1).filter(|l| l.split_whitespace().next().is_some_and(|p| p.parse::<u32>().is_ok())).count();
+    assert!(pids >= 1, "ctr task ps lists no process: {ps:?}");
+
+    assert_eq!(c.ctr(&["task", "pause", "t-task"]).code, Some(0));
+    c.wait_status("t-task", "PAUSED", LONG);
+    assert_eq!(c.ctr(&["task", "resume", "t-task"]).code, Some(0));
+    c.wait_status("t-task", "RUNNING", LONG);
+    let e = c.ctr(&["task", "exec", "--exec-id", "e2", "t-task", "echo", "after resume"]);
+    assert_eq!((e.code, e.stdout.trim()), (Some(0), "after resume"), "{e:?}\n{}", c.diagnostics());
+
+    assert_eq!(c.ctr(&["task", "kill", "-s", "SIGKILL", "t-task"]).code, Some(0));
+    c.wait_status("t-task", "STOPPED", LONG);
+    let d = c.ctr(&["task", "delete", "t-task"]);
+    assert_eq!(d.code, Some(0), "{d:?}");
+    assert_eq!(c.ctr(&["containers", "rm", "t-task"]).code, Some(0));
+    c.assert_clean(CLEAN);
+}
+
+#[test]
+fn five_containers_at_once() {
+    let c = containerd("five");
+    let ids: Vec<String> = (0..5).map(|i| format!("t-five-{i}")).collect();
+    let children: Vec<_> = ids
+        .iter()
+        .map(|id| {
+            let msg = format!("hello {id}");
+            c.spawn_ctr(&run(&["--rm"], id, &["echo", &msg]))
+        })
+        .collect();
+    for (id, child) in ids.iter().zip(children) {
+        let (out, killed) = wait_output(child, LONG);
+        assert!(!killed, "{id} hung\n{}", c.diagnostics());
+        assert_eq!(out.status.code(), Some(0), "{id}: {out:?}\n{}", c.diagnostics());
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("hello {id}"));
+    }
+    c.assert_clean(CLEAN);
+}
+
+#[test]
+fn killed_vmm_ends_the_task_with_an_error_and_delete_cleans_up() {
+    let c = containerd("vmmkill");
+    let child = c.spawn_ctr(&run(&["--rm"], "t-vmm", &["sleep", "3600"]));
+    c.wait_status("t-vmm", "RUNNING", LONG);
+    let pid = c.vmm_pid("t-vmm");
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0, "kill -9 burrow-vmm {pid}");
+    let (out, killed) = wait_output(child, LONG);
+    assert!(!killed, "ctr run did not end after its VMM was killed\n{}", c.diagnostics());
+    assert_eq!(
+        out.status.code(),
+        Some(255),
+        "a task whose VM died exits 255: {out:?}\n{}",
+        c.diagnostics()
+    );
+    c.assert_clean(CLEAN);
+}
+
+#[test]
+fn an_agent_that_stops_answering_gives_a_timeout_error() {
+    let c = containerd("hung");
+    let r = c.ctr(&run(&["-d"], "t-hung", &["sleep", "3600"]));
+    assert_eq!(r.code, Some(0), "{r:?}\n{}", c.diagnostics());
+    c.wait_status("t-hung", "RUNNING", LONG);
+    let pid = c.vmm_pid("t-hung");
+    // Freeze the whole VM: the agent stops answering, the sockets stay open.
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    let start = Instant::now();
+    let e = c.ctr_with(&["task", "exec", "--exec-id", "e1", "t-hung", "true"], None, Duration::from_secs(300));
+    let waited = start.elapsed();
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    assert_ne!(e.code, Some(0), "exec into a frozen VM must fail: {e:?}");
+    let msg = e.stderr.to_lowercase();
+    assert!(
+        msg.contains("timed out") || msg.contains("timeout") || msg.contains("deadline"),
+        "the error must say the agent timed out: {e:?}\n{}",
+        c.diagnostics()
+    );
+    assert!(waited < Duration::from_secs(240), "exec waited {waited:?} instead of timing out");
+    assert_eq!(c.ctr(&["task", "kill", "-s", "SIGKILL", "t-hung"]).code, Some(0));
+    c.wait_status("t-hung", "STOPPED", LONG);
+    assert_eq!(c.ctr(&["task", "delete", "t-hung"]).code, Some(0));
+    assert_eq!(c.ctr(&["containers", "rm", "t-hung"]).code, Some(0));
+    c.assert_clean(CLEAN);
+}
+
+#[test]
+fn a_malformed_spec_is_refused_and_leaves_nothing_behind() {
+    let c = containerd("badspec");
+    let spec = c.dir.join("bad-spec.json");
+    // Valid JSON, but not a runnable spec: no process arguments.
+    std::fs::write(
+        &spec,
+        r#"{"ociVersion":"1.0.2","process":{"cwd":"/","args":[],"user":{"uid":0,"gid":0}},"root":{"path":"rootfs"}}"#,
+    )
+    .unwrap();
+    let spec_arg = spec.display().to_string();
+    // `ctr run --config SPEC ID`: the spec goes to the runtime as given.
+    let r = c.ctr(&["run", "--runtime", RUNTIME, "--rm", "--config", &spec_arg, "t-bad"]);
+    assert_ne!(r.code, Some(0), "a spec without process args must be refused: {r:?}");
+    assert!(r.stderr.contains("args"), "the error must name the problem: {r:?}\n{}", c.diagnostics());
+    let _ = c.ctr(&["containers", "rm", "t-bad"]);
+    c.assert_clean(CLEAN);
+}

@@ -285,7 +285,13 @@ fn run_loop(id: usize, vcpu: &mut VcpuFd, bus: &Bus, ctl: &VcpuControl) -> Optio
             Ok(VcpuExit::MmioRead(addr, data)) => bus.mmio_read(addr, data),
             Ok(VcpuExit::MmioWrite(addr, data)) => bus.mmio_write(addr, data),
             Ok(VcpuExit::Hlt) => return Some(ExitReason::Poweroff),
-            Ok(VcpuExit::Shutdown) => return Some(ExitReason::TripleFault),
+            Ok(VcpuExit::Shutdown) => {
+                tracing::error!(
+                    "vcpu{id}: guest triple fault: {}",
+                    crate::x86_64::fault::describe(vcpu)
+                );
+                return Some(ExitReason::TripleFault);
+            }
             Ok(VcpuExit::SystemEvent(kind, _)) => {
                 return Some(match kind {
                     kvm_bindings::KVM_SYSTEM_EVENT_SHUTDOWN => ExitReason::Poweroff,

@@ -3,6 +3,7 @@
 pub mod boot;
 pub mod cpuid;
 pub mod e820;
+pub mod fault;
 pub mod layout;
 pub mod mptable;
 pub mod regs;

@@ -5,6 +5,7 @@
 pub mod block;
 pub mod fuzz;
 pub mod mmio;
+pub mod persist;
 pub mod queue;
 pub mod vsock;
 
@@ -108,6 +109,14 @@ pub trait VirtioDevice: Send {
     }
     /// How many malformed requests the guest has sent so far.
     fn error_count(&self) -> u64;
+    /// The device's snapshot state (see each device's `persist.rs`).
+    fn save_device_state(&self) -> persist::DeviceState {
+        persist::DeviceState::Unsupported(self.device_type())
+    }
+    /// Called once the whole VM is restored, before it runs.
+    fn on_restored(&mut self) -> Result<(), DeviceError> {
+        Ok(())
+    }
 }
 
 /// Copy `config[offset..]` into `data`, zero-filling past the end.

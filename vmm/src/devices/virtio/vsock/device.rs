@@ -35,13 +35,13 @@ pub enum VsockError {
 }
 
 pub struct Vsock {
-    cid: u64,
+    pub(super) cid: u64,
     pub(crate) muxer: Muxer,
-    mem: Option<GuestMemoryMmap>,
-    queues: Vec<Queue>,
-    irq: Option<IrqTrigger>,
-    errors: u64,
-    rx_buf: Vec<u8>,
+    pub(super) mem: Option<GuestMemoryMmap>,
+    pub(super) queues: Vec<Queue>,
+    pub(super) irq: Option<IrqTrigger>,
+    pub(super) errors: u64,
+    pub(super) rx_buf: Vec<u8>,
 }
 
 impl Vsock {
@@ -221,6 +221,14 @@ impl VirtioDevice for Vsock {
 
     fn is_activated(&self) -> bool {
         self.mem.is_some()
+    }
+
+    fn save_device_state(&self) -> crate::devices::virtio::persist::DeviceState {
+        self.device_state()
+    }
+
+    fn on_restored(&mut self) -> Result<(), DeviceError> {
+        self.send_transport_reset().map(|_| ())
     }
 
     fn process_queue(&mut self, index: usize) -> Result<(), DeviceError> {

@@ -4,6 +4,7 @@
 
 pub mod format;
 pub mod memory;
+pub mod microvm;
 pub mod pod;
 pub mod vcpu;
 pub mod vm;

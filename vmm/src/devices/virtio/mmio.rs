@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 
 use virtio_queue::{Queue, QueueT};
-use vm_memory::GuestMemoryMmap;
+use crate::GuestMemoryMmap;
 
 use super::{IrqTrigger, VirtioDevice, VIRTIO_F_VERSION_1, VIRTIO_MMIO_INT_CONFIG};
 

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use virtio_queue::Queue;
-use vm_memory::GuestMemoryMmap;
+use crate::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 /// VIRTIO_F_VERSION_1: the only (modern) interface we offer.

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 
 use serde::{Deserialize, Serialize};
 use virtio_queue::{Queue, QueueState, QueueT};
-use vm_memory::GuestMemoryMmap;
+use crate::GuestMemoryMmap;
 
 use super::block::persist::BlockState;
 use super::mmio::MmioTransport;

@@ -3,7 +3,8 @@ use std::io::{Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use crate::GuestMemoryMmap;
+use vm_memory::{Bytes, GuestAddress};
 
 use crate::devices::virtio::queue::{add_used, collect_chain, pop_chain, QueueError};
 use crate::devices::virtio::{

@@ -3,7 +3,8 @@ use std::path::Path;
 
 use virtio_queue::{Queue, QueueOwnedT};
 use virtio_vsock::packet::VsockPacket;
-use vm_memory::{Bytes, GuestMemoryMmap};
+use crate::GuestMemoryMmap;
+use vm_memory::Bytes;
 
 use super::muxer::Muxer;
 use super::packet::{Header, HEADER_SIZE};

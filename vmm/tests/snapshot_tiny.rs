@@ -224,6 +224,10 @@ fn incremental_snapshot_holds_the_touched_pages() {
         "guest touched {PAGES_TOUCHED} pages, incremental snapshot has {pages}: {info}"
     );
     assert_eq!(std::fs::metadata(inc.join("memory")).unwrap().len(), pages * 4096);
+    // The snapshotted VM resumes where it was.
+    let seen = vm.log().len();
+    assert_eq!(vm.request("{\"cmd\":\"resume\"}")["state"], "running");
+    vm.wait_log("output after resume", |l| l.len() > seen + 1);
     vm.stop();
 
     // base + overlay: the guest continues printing the byte it wrote.

@@ -154,6 +154,15 @@ mod tests {
     fn wire_format() {
         assert_eq!(parse_request(br#"{"cmd":"pause"}"#).unwrap().cmd, Command::Pause);
         assert!(parse_request(br#"{"cmd":"explode"}"#).is_err());
+        assert_eq!(
+            parse_request(br#"{"cmd":"snapshot","dir":"/s"}"#).unwrap().cmd,
+            Command::Snapshot { dir: "/s".into(), incremental: false }
+        );
+        assert_eq!(
+            parse_request(br#"{"cmd":"snapshot","dir":"/s","incremental":true}"#).unwrap().cmd,
+            Command::Snapshot { dir: "/s".into(), incremental: true }
+        );
+        assert!(parse_request(br#"{"cmd":"snapshot"}"#).is_err(), "dir is required");
         assert!(parse_request(b"\xff").is_err());
         assert_eq!(serde_json::to_string(&Response::ok(VmState::Running)).unwrap(), r#"{"ok":true,"state":"running"}"#);
         assert_eq!(serde_json::to_string(&Response::err("x")).unwrap(), r#"{"ok":false,"error":"x"}"#);

@@ -73,14 +73,20 @@ pub struct VcpuState {
     pub tsc_khz: Option<u32>,
 }
 
-/// The MSRs worth saving: KVM's list (KVM_GET_MSR_INDEX_LIST), bounded.
-/// Those a vCPU cannot read are dropped when it is saved
-/// ([`get_msrs`]), so the list does not need to be exact.
+/// MSRs KVM lists but that are not vCPU state to carry over (Firecracker
+/// leaves out the same two): IA32_FEATURE_CONTROL (firmware's VMX lock,
+/// which the guest cannot use here) and IA32_MCG_CTL (KVM refuses writes
+/// unless MCG_CAP advertises it).
+const NOT_SAVED: [u32; 2] = [0x3a, 0x17b];
+
+/// The MSRs worth saving: KVM's list (KVM_GET_MSR_INDEX_LIST) without
+/// [`NOT_SAVED`], bounded. Those a vCPU cannot read are dropped when it is
+/// saved ([`get_msrs`]), so the list does not need to be exact.
 pub fn msrs_to_save(kvm: &Kvm) -> Result<Vec<u32>, VcpuStateError> {
     let list = kvm
         .get_msr_index_list()
         .map_err(ioctl("KVM_GET_MSR_INDEX_LIST"))?;
-    let mut v: Vec<u32> = list.as_slice().to_vec();
+    let mut v: Vec<u32> = list.as_slice().iter().copied().filter(|i| !NOT_SAVED.contains(i)).collect();
     v.truncate(MAX_MSRS);
     Ok(v)
 }

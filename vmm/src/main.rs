@@ -17,7 +17,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use burrow_vmm::config::{DiskConfig, SerialOutput, VsockConfig, DEFAULT_CMDLINE};
 use burrow_vmm::snapshot::microvm;
-use burrow_vmm::vmm::RestoreConfig;
+use burrow_vmm::vmm::{check_restore, RestoreConfig};
 use burrow_vmm::{VmConfig, Vmm};
 use clap::{Parser, Subcommand};
 
@@ -139,9 +139,17 @@ fn restore(args: &RunArgs, dir: &std::path::Path) -> anyhow::Result<(Vmm, Option
         vsock: args.vsock.clone(),
         disks: args.disks.iter().map(|d| d.path.clone()).collect(),
     };
+    check_restore(&opts, &state).with_context(|| format!("snapshot {}", dir.display()))?;
     let api = bind_api(args)?;
-    let vmm = Vmm::restore(&opts, &state, &chain).context("restoring the VM")?;
-    Ok((vmm, api))
+    match Vmm::restore(&opts, &state, &chain) {
+        Ok(vmm) => Ok((vmm, api)),
+        Err(e) => {
+            if let Some(p) = &args.api {
+                let _ = std::fs::remove_file(p);
+            }
+            Err(anyhow::Error::new(e).context("restoring the VM"))
+        }
+    }
 }
 
 fn build(args: &RunArgs) -> anyhow::Result<(Vmm, Option<UnixListener>)> {

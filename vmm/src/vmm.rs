@@ -326,17 +326,7 @@ impl Vmm {
         chain: &[(PathBuf, MemoryState)],
     ) -> Result<Self, VmmError> {
         let restore_err = |e: &dyn std::fmt::Display| VmmError::Restore(e.to_string());
-        let blocks = state
-            .devices
-            .iter()
-            .filter(|d| matches!(d.device, DeviceState::Block(_)))
-            .count();
-        if !opts.disks.is_empty() && opts.disks.len() != blocks {
-            return Err(VmmError::Restore(format!(
-                "{} disk paths given, the snapshot has {blocks} disks",
-                opts.disks.len()
-            )));
-        }
+        check_restore(opts, state)?;
         vcpu::install_kick_handler().map_err(|e| VmmError::Io("signal handler", e))?;
         let kvm = Kvm::new().map_err(VmmError::Kvm)?;
         let vm = new_vm(&kvm)?;
@@ -712,6 +702,41 @@ fn broadcast(clients: &mut HashMap<u64, Client>, events: &[Event]) {
     for e in events {
         clients.retain(|_, c| c.send(e));
     }
+}
+
+/// Checks of a restore's inputs that need no VM: the disk paths (given or
+/// recorded) exist and have the sizes the snapshot recorded. Run before
+/// anything is created, so a mismatch touches nothing.
+pub fn check_restore(opts: &RestoreConfig, state: &MicrovmState) -> Result<(), VmmError> {
+    let disks: Vec<_> = state
+        .devices
+        .iter()
+        .filter_map(|d| match &d.device {
+            DeviceState::Block(b) => Some(b),
+            _ => None,
+        })
+        .collect();
+    if !opts.disks.is_empty() && opts.disks.len() != disks.len() {
+        return Err(VmmError::Restore(format!(
+            "{} disk paths given, the snapshot has {} disks",
+            opts.disks.len(),
+            disks.len()
+        )));
+    }
+    for (i, b) in disks.iter().enumerate() {
+        let path = opts.disks.get(i).unwrap_or(&b.path);
+        let len = std::fs::metadata(path)
+            .map_err(|e| VmmError::Restore(format!("disk {}: {e}", path.display())))?
+            .len();
+        let want = b.capacity.saturating_mul(crate::devices::virtio::block::SECTOR_SIZE);
+        if len != want {
+            return Err(VmmError::Restore(format!(
+                "disk {} is {len} bytes, the snapshot's disk was {want} bytes",
+                path.display()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Everything [`Vmm::assemble`] puts together.

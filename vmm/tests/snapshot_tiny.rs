@@ -246,12 +246,13 @@ fn incremental_snapshot_holds_the_touched_pages() {
 
 /// Restore must refuse a bad snapshot with status 2 before creating
 /// anything (no API socket, no serial log).
-fn assert_refused(snap: &Path, d: &Path, expect: &str) {
+fn assert_refused(snap: &Path, d: &Path, extra: &[&str], expect: &str) {
     let api = d.join("refused.sock");
     let log = d.join("refused.log");
     let out = Command::new(env!("CARGO_BIN_EXE_burrow-vmm"))
         .args(["run", "--restore", snap.to_str().unwrap(), "--api", api.to_str().unwrap()])
         .args(["--serial-log", log.to_str().unwrap()])
+        .args(extra)
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -265,9 +266,20 @@ fn bad_snapshots_are_refused_with_status_2() {
     let d = tmpdir("bad");
     let k = kernel(&d, COUNTER);
     let snap = d.join("snap");
-    let mut vm = spawn(&["--kernel", k.to_str().unwrap(), "--mem", "32", "--paused"], &d.join("api0"), &d.join("log0"));
+    let disk = d.join("disk.img");
+    std::fs::write(&disk, vec![0u8; 8192]).unwrap();
+    let mut vm = spawn(
+        &["--kernel", k.to_str().unwrap(), "--mem", "32", "--paused", "--disk", disk.to_str().unwrap()],
+        &d.join("api0"),
+        &d.join("log0"),
+    );
     vm.snapshot(&snap, false);
     vm.stop();
+    // Disks: the snapshot recorded one of 8 KiB.
+    let small = d.join("small.img");
+    std::fs::write(&small, vec![0u8; 4096]).unwrap();
+    assert_refused(&snap, &d, &["--disk", small.to_str().unwrap()], "is 4096 bytes, the snapshot's disk was 8192 bytes");
+    assert_refused(&snap, &d, &["--disk", small.to_str().unwrap(), "--disk", small.to_str().unwrap()], "2 disk paths given, the snapshot has 1 disks");
     let good = std::fs::read(snap.join("state")).unwrap();
     let mem = std::fs::read(snap.join("memory")).unwrap();
     let bad = d.join("bad");
@@ -281,26 +293,26 @@ fn bad_snapshots_are_refused_with_status_2() {
     let n = corrupt.len();
     corrupt[n / 2] ^= 0x01;
     with_state(&corrupt, &mem);
-    assert_refused(&bad, &d, "checksum");
+    assert_refused(&bad, &d, &[], "checksum");
 
     with_state(&good[..good.len() - 10], &mem);
-    assert_refused(&bad, &d, "truncated");
+    assert_refused(&bad, &d, &[], "truncated");
 
     let mut version = good.clone();
     version[8] = 99;
     with_state(&version, &mem);
-    assert_refused(&bad, &d, "version 99 is not supported");
+    assert_refused(&bad, &d, &[], "version 99 is not supported");
 
     let mut huge = good.clone();
     huge[16..24].copy_from_slice(&(1u64 << 40).to_le_bytes());
     with_state(&huge, &mem);
-    assert_refused(&bad, &d, "over the limit");
+    assert_refused(&bad, &d, &[], "over the limit");
 
     with_state(&good, &mem[..4096]);
-    assert_refused(&bad, &d, "expected 33554432");
+    assert_refused(&bad, &d, &[], "expected 33554432");
 
     with_state(b"", &mem);
-    assert_refused(&bad, &d, "truncated");
+    assert_refused(&bad, &d, &[], "truncated");
 
     // Untouched, the copy restores (the checks above refused for their reason only).
     with_state(&good, &mem);

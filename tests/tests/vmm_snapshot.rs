@@ -5,7 +5,9 @@
 //!
 //! Snapshot the running guest, kill the VMM, restore: the counter goes on
 //! from where it was (same sequence, no reboot), the vsock listener
-//! survives the transport reset, and one snapshot restores three times.
+//! survives the transport reset, and one snapshot restores three times; an
+//! incremental snapshot of a restored guest restores (base + overlay) and
+//! continues from its own point.
 
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] fns
 
@@ -157,6 +159,8 @@ fn running_guest_continues_after_restore_three_times() {
     let initrd = burrow_tests::asset_from_env("BURROW_VMM_TEST_INITRD", "vmm/tests/initramfs/build");
     let dir = tmpdir();
     let snap = dir.join("snap");
+    let inc = dir.join("inc");
+    let mut mid = String::new();
     let uds = dir.join("v.sock");
     let mut vm = spawn(
         &dir,
@@ -203,9 +207,31 @@ fn running_guest_continues_after_restore_three_times() {
         assert!(all.len() as u64 >= last + 3);
         if round == 1 {
             vsock_echo(&uds2, &vm);
+            // An incremental snapshot on top of the one restored: only the
+            // pages written since (the guest's, and the VMM's own virtio
+            // writes from the vsock traffic above).
+            let r = vm.request(&format!(
+                "{{\"cmd\":\"snapshot\",\"dir\":{},\"incremental\":true}}",
+                serde_json::to_string(inc.to_str().unwrap()).unwrap()
+            ));
+            assert_eq!(r["ok"], true, "{r}\n{}", vm.diagnostics());
+            eprintln!("incremental snapshot: {}", r["snapshot"]);
+            let pages = r["snapshot"]["memory_pages"].as_u64().unwrap();
+            assert!(pages > 0 && pages < 256 * 256 / 4, "incremental holds a fraction of memory: {r}");
+            mid = vm.serial_text();
         }
         let r = vm.request("{\"cmd\":\"stop\"}");
         assert_eq!(r["ok"], true, "{r}");
     }
+
+    // Base + overlay: continues from the incremental snapshot, vsock works.
+    let uds4 = dir.join("v4.sock");
+    let mut vm = spawn(&dir, "restore-incremental", &["--restore", inc.to_str().unwrap(), "--vsock", uds4.to_str().unwrap()]);
+    vm.wait_for("3 more counts", |s| counts(s).len() >= 3);
+    let all = counts(&format!("{before}{mid}{}", vm.serial_text()));
+    assert_sequence(&all, "restore from the incremental snapshot: before + round 1 + after");
+    vsock_echo(&uds4, &vm);
+    let r = vm.request("{\"cmd\":\"stop\"}");
+    assert_eq!(r["ok"], true, "{r}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -194,16 +194,24 @@ fn counter_continues_after_restore_twice_from_one_snapshot() {
     assert_eq!(original, before, "a paused VM runs no more guest code when stopped");
     assert_continuous(&counter_values(&original), "before the snapshot");
 
-    for round in 1..=2 {
-        let log = d.join(format!("log{round}"));
-        let mut vm = spawn(&["--restore", snap.to_str().unwrap()], &d.join(format!("api{round}")), &log);
+    // Two VMs from the one snapshot at the same time (the memory file is
+    // mapped MAP_PRIVATE by both), then a third afterwards.
+    let restore = |round: u32| spawn(&["--restore", snap.to_str().unwrap()], &d.join(format!("api{round}")), &d.join(format!("log{round}")));
+    let check = |round: u32, mut vm: Vm| {
         vm.wait_log("3 more counter lines", |l| lines(l) >= 3);
         vm.stop();
-        let after = std::fs::read_to_string(&log).unwrap();
+        let after = std::fs::read_to_string(d.join(format!("log{round}"))).unwrap();
         let values = counter_values(&format!("{original}{after}"));
         assert!(values.len() >= counter_values(&original).len() + 3);
         assert_continuous(&values, &format!("restore {round}: before + after"));
-    }
+    };
+    let (a, b) = (restore(1), restore(2));
+    check(1, a);
+    check(2, b);
+    check(3, restore(3));
+    let unchanged = std::fs::read(snap.join("memory")).unwrap();
+    assert_eq!(unchanged.len(), 32 << 20, "restored guests never write the snapshot's memory file");
+    assert!(unchanged.get(0x50000..0x50004).is_some_and(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as u64 <= (counter_values(&original).len() as u64 + 1) * 0x1000));
 }
 
 #[test]

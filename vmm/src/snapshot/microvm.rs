@@ -389,6 +389,20 @@ mod tests {
     }
 
     #[test]
+    fn vmm_writes_to_guest_memory_are_marked_dirty() {
+        use vm_memory::Bytes;
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 16 * PAGE_SIZE)]).unwrap();
+        mem.write_obj(1u32, GuestAddress(5 * PAGE_SIZE as u64 + 8)).unwrap();
+        let mut buf = [7u8; 2];
+        mem.write_slice(&buf, GuestAddress(9 * PAGE_SIZE as u64 - 1)).unwrap(); // straddles 8 and 9
+        mem.read_slice(&mut buf, GuestAddress(12 * PAGE_SIZE as u64)).unwrap(); // reads do not count
+        let region = mem.iter().next().unwrap();
+        let mapping: &vm_memory::mmap::MmapRegion<AtomicBitmap> = region;
+        let dirty: Vec<usize> = (0..16).filter(|&p| mapping.bitmap().is_bit_set(p)).collect();
+        assert_eq!(dirty, vec![5, 8, 9]);
+    }
+
+    #[test]
     fn page_runs_are_checked() {
         assert!(check_runs(&[PageRun { first: 0, count: 2 }, PageRun { first: 5, count: 1 }], 10).is_ok());
         assert!(check_runs(&[PageRun { first: 5, count: 1 }, PageRun { first: 0, count: 2 }], 10).is_err());

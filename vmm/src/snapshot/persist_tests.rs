@@ -309,3 +309,25 @@ fn vsock_sends_transport_reset_after_restore() {
     assert_eq!(id, VIRTIO_VSOCK_EVENT_TRANSPORT_RESET);
     assert_eq!(irq_evt.read().unwrap(), 1, "guest interrupted");
 }
+
+#[test]
+fn block_serves_a_request_posted_before_the_snapshot() {
+    use crate::devices::virtio::queue::testing::VIRTQ_DESC_F_NEXT;
+    let fx = Fixture::new("pending");
+    let mut b = Block::open(&fx.disk(), false).unwrap();
+    let mut dq = DriverQueue::new(0x1000, b.queue_max_sizes()[0]);
+    b.activate(fx.mem.clone(), vec![dq.queue(&fx.mem)], IrqTrigger::new().unwrap(), VIRTIO_F_VERSION_1).unwrap();
+    // A read of sector 0, posted but never notified to this VMM.
+    fx.mem.write_obj(0u32, GuestAddress(0x8000)).unwrap(); // VIRTIO_BLK_T_IN
+    fx.mem.write_obj(0u64, GuestAddress(0x8008)).unwrap();
+    dq.set_desc(&fx.mem, 0, 0x8000, 16, VIRTQ_DESC_F_NEXT, 1);
+    dq.set_desc(&fx.mem, 1, 0x9000, 512, VIRTQ_DESC_F_NEXT | VIRTQ_DESC_F_WRITE, 2);
+    dq.set_desc(&fx.mem, 2, 0xa000, 1, VIRTQ_DESC_F_WRITE, 0);
+    dq.push_avail(&fx.mem, 0);
+    let st = b.save();
+    let mut r = Block::restore(BlockContext { path: fx.disk(), device: fx.device_ctx(VIRTIO_F_VERSION_1) }, &st).unwrap();
+    assert_eq!(dq.used_idx(&fx.mem), 0);
+    r.on_restored().unwrap();
+    assert_eq!(dq.used_idx(&fx.mem), 1, "pending request served after restore");
+    assert_eq!(fx.mem.read_obj::<u8>(GuestAddress(0x9000)).unwrap(), 7, "disk data read");
+}

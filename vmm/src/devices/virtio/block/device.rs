@@ -327,6 +327,16 @@ impl VirtioDevice for Block {
         self.device_state()
     }
 
+    /// A request the guest posted just before the snapshot may have had its
+    /// notification (an ioeventfd the old VMM never read) lost: serve what
+    /// is in the queue now.
+    fn on_restored(&mut self) -> Result<(), DeviceError> {
+        if self.is_activated() {
+            self.process_requests()?;
+        }
+        Ok(())
+    }
+
     fn process_queue(&mut self, index: usize) -> Result<(), DeviceError> {
         if index != 0 {
             return Err(DeviceError::NoSuchQueue(index));

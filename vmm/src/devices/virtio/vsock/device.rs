@@ -229,7 +229,7 @@ impl VirtioDevice for Vsock {
     }
 
     fn on_restored(&mut self) -> Result<(), DeviceError> {
-        self.send_transport_reset().map(|_| ())
+        self.after_restore()
     }
 
     fn process_queue(&mut self, index: usize) -> Result<(), DeviceError> {

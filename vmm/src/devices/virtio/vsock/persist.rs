@@ -67,6 +67,20 @@ impl Vsock {
         DeviceState::Vsock(self.save())
     }
 
+    /// After a restore: the transport reset, then whatever the guest had
+    /// queued for transmission when the snapshot was taken (its notification
+    /// went to the old VMM); packets for connections that no longer exist
+    /// are answered with resets.
+    pub(crate) fn after_restore(&mut self) -> Result<(), DeviceError> {
+        self.send_transport_reset()?;
+        if self.mem.is_some() && self.process_tx()? {
+            if let Some(irq) = &self.irq {
+                irq.trigger(VIRTIO_MMIO_INT_VRING)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Tell the guest driver that every connection is gone. Returns whether
     /// an event buffer was available (a driver keeps one posted).
     pub fn send_transport_reset(&mut self) -> Result<bool, DeviceError> {

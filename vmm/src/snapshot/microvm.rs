@@ -25,7 +25,7 @@ use super::vcpu::VcpuState;
 use super::vm::VmState;
 use crate::devices::i8042::persist::I8042State;
 use crate::devices::serial::persist::SerialSnap;
-use crate::devices::virtio::persist::MmioState;
+use crate::devices::virtio::persist::{DeviceState, MmioState};
 use crate::GuestMemoryMmap;
 
 /// File names inside a snapshot directory.
@@ -158,6 +158,10 @@ pub fn validate(state: &MicrovmState) -> Result<(), RestoreError> {
     }
     if state.devices.len() > MAX_DEVICES {
         return Err(invalid(format!("{} devices (at most {MAX_DEVICES})", state.devices.len())));
+    }
+    let vsocks = state.devices.iter().filter(|d| matches!(d.device, DeviceState::Vsock(_))).count();
+    if vsocks > 1 {
+        return Err(invalid(format!("{vsocks} vsock devices (at most one)")));
     }
     if let MemoryKind::Incremental { runs, .. } = &state.memory.kind {
         check_runs(runs, state.memory.total_bytes() / PAGE_SIZE as u64)?;

@@ -118,6 +118,9 @@ impl Vmm {
 
         // Memory: written to a temporary name and renamed, so a VM restored
         // from this directory (whose memory maps the old file) is unaffected.
+        // From here on the dirty logs get consumed: if anything fails, no
+        // snapshot is a valid base for an incremental one any more.
+        self.last_snapshot = None;
         let tmp = dir.join(format!("{MEMORY_FILE}.tmp"));
         let file = File::create(&tmp).map_err(io("cannot create", &tmp))?;
         let regions = microvm::regions_for(self.mem_mib);

@@ -220,6 +220,9 @@ fn incremental_snapshot_holds_the_touched_pages() {
     let k = kernel(&d, PAGES);
     let (full, inc) = (d.join("full"), d.join("inc"));
     let mut vm = spawn(&["--kernel", k.to_str().unwrap(), "--mem", "32", "--paused"], &d.join("api0"), &d.join("log0"));
+    let r = vm.request(&format!("{{\"cmd\":\"snapshot\",\"dir\":\"{}\",\"incremental\":true}}", inc.display()));
+    assert_eq!(r["ok"], false, "an incremental snapshot needs a base: {r}");
+    assert!(r["error"].as_str().unwrap().contains("needs a full snapshot"), "{r}");
     let info = vm.snapshot(&full, false);
     assert_eq!(info["incremental"], false);
     let r = vm.request("{\"cmd\":\"start\"}");

@@ -2,7 +2,9 @@
 //! response line each; every connected client also receives event lines.
 //!
 //! Requests: `{"cmd":"start"}`, `{"cmd":"pause"}`, `{"cmd":"resume"}`,
-//! `{"cmd":"stop"}`, `{"cmd":"status"}`.
+//! `{"cmd":"stop"}`, `{"cmd":"status"}`,
+//! `{"cmd":"snapshot","dir":"/path","incremental":false}` (answered with a
+//! `"snapshot"` object: sizes and time taken; the VM stays paused).
 //! Responses: `{"ok":true,"state":"running"}` or `{"ok":false,"error":"..."}`.
 //! Events: `{"event":"started"}`, `{"event":"paused"}`, `{"event":"resumed"}`,
 //! `{"event":"exit","reason":"poweroff","success":true}`,
@@ -11,23 +13,34 @@
 use std::io::{ErrorKind, Read, Write};
 use std::os::unix::net::UnixStream;
 
+use std::path::PathBuf;
+
 use serde::{Deserialize, Serialize};
+
+use crate::vmm::SnapshotInfo;
 
 /// Longest request line accepted.
 pub const MAX_LINE: usize = 4096;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "lowercase")]
 pub enum Command {
     Start,
     Pause,
     Resume,
     Stop,
     Status,
+    /// Pause (if running) and write a snapshot to `dir`; the VM stays paused.
+    Snapshot {
+        dir: PathBuf,
+        #[serde(default)]
+        incremental: bool,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Request {
+    #[serde(flatten)]
     pub cmd: Command,
 }
 
@@ -47,14 +60,19 @@ pub struct Response {
     pub state: Option<VmState>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub snapshot: Option<SnapshotInfo>,
 }
 
 impl Response {
     pub fn ok(state: VmState) -> Self {
-        Self { ok: true, state: Some(state), error: None }
+        Self { ok: true, state: Some(state), error: None, snapshot: None }
     }
     pub fn err(msg: impl Into<String>) -> Self {
-        Self { ok: false, state: None, error: Some(msg.into()) }
+        Self { ok: false, state: None, error: Some(msg.into()), snapshot: None }
+    }
+    pub fn snapshot(state: VmState, info: SnapshotInfo) -> Self {
+        Self { ok: true, state: Some(state), error: None, snapshot: Some(info) }
     }
 }
 
@@ -136,6 +154,15 @@ mod tests {
     fn wire_format() {
         assert_eq!(parse_request(br#"{"cmd":"pause"}"#).unwrap().cmd, Command::Pause);
         assert!(parse_request(br#"{"cmd":"explode"}"#).is_err());
+        assert_eq!(
+            parse_request(br#"{"cmd":"snapshot","dir":"/s"}"#).unwrap().cmd,
+            Command::Snapshot { dir: "/s".into(), incremental: false }
+        );
+        assert_eq!(
+            parse_request(br#"{"cmd":"snapshot","dir":"/s","incremental":true}"#).unwrap().cmd,
+            Command::Snapshot { dir: "/s".into(), incremental: true }
+        );
+        assert!(parse_request(br#"{"cmd":"snapshot"}"#).is_err(), "dir is required");
         assert!(parse_request(b"\xff").is_err());
         assert_eq!(serde_json::to_string(&Response::ok(VmState::Running)).unwrap(), r#"{"ok":true,"state":"running"}"#);
         assert_eq!(serde_json::to_string(&Response::err("x")).unwrap(), r#"{"ok":false,"error":"x"}"#);

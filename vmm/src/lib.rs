@@ -16,6 +16,11 @@ pub mod vmm;
 pub mod x86_64;
 
 pub use config::VmConfig;
+
+/// Guest memory. Every write the VMM makes (virtio rings and buffers) is
+/// marked in a page bitmap, which incremental snapshots add to KVM's dirty
+/// log (that one only sees the guest's own writes).
+pub type GuestMemoryMmap = vm_memory::GuestMemoryMmap<vm_memory::bitmap::AtomicBitmap>;
 pub use vmm::{Vmm, VmmError};
 
 /// Why a VM stopped.

@@ -3,6 +3,9 @@
 //! `burrow-vmm run --kernel PATH [--initrd PATH] [--cmdline STR] [--disk PATH[:ro]]...
 //! [--vsock PATH] [--vcpus N] [--mem MiB] [--serial-log PATH] [--api PATH] [--paused]`
 //!
+//! `burrow-vmm run --restore DIR [--disk PATH]... [--vsock PATH] [--serial-log PATH]
+//! [--api PATH] [--paused]` rebuilds a VM from a snapshot directory.
+//!
 //! Exit status: 0 when the guest reboots or powers off (or the controller
 //! stops it), 1 when the guest crashed (panic, triple fault) or the VMM
 //! failed while running, 2 when the VM could not be built.
@@ -13,6 +16,8 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use burrow_vmm::config::{DiskConfig, SerialOutput, VsockConfig, DEFAULT_CMDLINE};
+use burrow_vmm::snapshot::microvm;
+use burrow_vmm::vmm::{check_restore, RestoreConfig};
 use burrow_vmm::{VmConfig, Vmm};
 use clap::{Parser, Subcommand};
 
@@ -34,8 +39,13 @@ enum Cmd {
 #[derive(clap::Args)]
 struct RunArgs {
     /// Uncompressed ELF kernel (vmlinux); PVH entry used when present.
-    #[arg(long)]
-    kernel: PathBuf,
+    #[arg(long, required_unless_present = "restore")]
+    kernel: Option<PathBuf>,
+    /// Restore the VM from this snapshot directory (`state` + `memory`)
+    /// instead of booting. `--disk` then replaces the recorded disk paths
+    /// (in order; sizes must match), `--vsock` the recorded socket path.
+    #[arg(long, conflicts_with_all = ["kernel", "initrd", "cmdline", "append", "vcpus", "mem", "cid"])]
+    restore: Option<PathBuf>,
     /// initramfs (newc cpio, optionally compressed as the kernel supports).
     #[arg(long)]
     initrd: Option<PathBuf>,
@@ -94,8 +104,60 @@ fn main() -> ExitCode {
     }
 }
 
+fn bind_api(args: &RunArgs) -> anyhow::Result<Option<UnixListener>> {
+    Ok(match &args.api {
+        Some(p) => {
+            if p.exists() {
+                std::fs::remove_file(p).with_context(|| format!("removing stale {}", p.display()))?;
+            }
+            Some(UnixListener::bind(p).with_context(|| format!("binding API socket {}", p.display()))?)
+        }
+        None => None,
+    })
+}
+
+fn serial_config(args: &RunArgs) -> (SerialOutput, bool) {
+    let out = match &args.serial_log {
+        Some(p) => SerialOutput::File(p.clone()),
+        None => SerialOutput::Stdout,
+    };
+    // SAFETY: isatty only inspects the descriptor.
+    let stdin = args.serial_log.is_none() && unsafe { libc::isatty(libc::STDIN_FILENO) } == 1;
+    (out, stdin)
+}
+
+/// Restore: the snapshot is read and checked completely (state file and
+/// the memory files of its chain) before anything is created, so a bad
+/// snapshot fails with status 2 and touches nothing.
+fn restore(args: &RunArgs, dir: &std::path::Path) -> anyhow::Result<(Vmm, Option<UnixListener>)> {
+    let (state, chain) = microvm::load(dir).with_context(|| format!("snapshot {}", dir.display()))?;
+    let (serial, serial_stdin) = serial_config(args);
+    let opts = RestoreConfig {
+        dir: dir.to_path_buf(),
+        serial,
+        serial_stdin,
+        vsock: args.vsock.clone(),
+        disks: args.disks.iter().map(|d| d.path.clone()).collect(),
+    };
+    check_restore(&opts, &state).with_context(|| format!("snapshot {}", dir.display()))?;
+    let api = bind_api(args)?;
+    match Vmm::restore(&opts, &state, &chain) {
+        Ok(vmm) => Ok((vmm, api)),
+        Err(e) => {
+            if let Some(p) = &args.api {
+                let _ = std::fs::remove_file(p);
+            }
+            Err(anyhow::Error::new(e).context("restoring the VM"))
+        }
+    }
+}
+
 fn build(args: &RunArgs) -> anyhow::Result<(Vmm, Option<UnixListener>)> {
-    let mut config = VmConfig::new(args.kernel.clone());
+    if let Some(dir) = &args.restore {
+        return restore(args, dir);
+    }
+    let kernel = args.kernel.clone().context("--kernel is required")?;
+    let mut config = VmConfig::new(kernel);
     config.initrd = args.initrd.clone();
     config.cmdline = args.cmdline.clone();
     for extra in &args.append {
@@ -109,21 +171,8 @@ fn build(args: &RunArgs) -> anyhow::Result<(Vmm, Option<UnixListener>)> {
     });
     config.vcpus = args.vcpus;
     config.mem_mib = args.mem;
-    config.serial = match &args.serial_log {
-        Some(p) => SerialOutput::File(p.clone()),
-        None => SerialOutput::Stdout,
-    };
-    // SAFETY: isatty only inspects the descriptor.
-    config.serial_stdin = args.serial_log.is_none() && unsafe { libc::isatty(libc::STDIN_FILENO) } == 1;
-    let api = match &args.api {
-        Some(p) => {
-            if p.exists() {
-                std::fs::remove_file(p).with_context(|| format!("removing stale {}", p.display()))?;
-            }
-            Some(UnixListener::bind(p).with_context(|| format!("binding API socket {}", p.display()))?)
-        }
-        None => None,
-    };
+    (config.serial, config.serial_stdin) = serial_config(args);
+    let api = bind_api(args)?;
     let vmm = Vmm::build(&config).context("building the VM")?;
     Ok((vmm, api))
 }

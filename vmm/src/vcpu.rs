@@ -18,6 +18,8 @@ use kvm_ioctls::{VcpuExit, VcpuFd};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::bus::Bus;
+use crate::snapshot;
+use crate::snapshot::vcpu::VcpuState;
 use crate::ExitReason;
 
 /// Events vCPU threads send to the VMM thread.
@@ -48,10 +50,14 @@ struct CtlState {
     exited: usize,
     poll_seq: u64,
     polls: Vec<(u64, CpuProbe)>,
+    save_seq: u64,
+    saves: Vec<(u64, Option<Result<VcpuState, String>>)>,
 }
 
 /// Shared between the VMM thread and every vCPU thread.
 pub struct VcpuControl {
+    /// MSRs each vCPU saves in a snapshot.
+    msr_list: Vec<u32>,
     attention: AtomicBool,
     state: Mutex<CtlState>,
     cv: Condvar,
@@ -73,8 +79,9 @@ fn probe(vcpu: &VcpuFd) -> CpuProbe {
 }
 
 impl VcpuControl {
-    pub fn new(count: usize) -> Arc<Self> {
+    pub fn new(count: usize, msr_list: Vec<u32>) -> Arc<Self> {
         Arc::new(Self {
+            msr_list,
             attention: AtomicBool::new(false),
             state: Mutex::new(CtlState {
                 want: Want::Run,
@@ -82,14 +89,21 @@ impl VcpuControl {
                 exited: 0,
                 poll_seq: 0,
                 polls: vec![(0, CpuProbe::default()); count],
+                save_seq: 0,
+                saves: (0..count).map(|_| (0, None)).collect(),
             }),
             cv: Condvar::new(),
         })
     }
 
+    /// The MSRs a snapshot saves.
+    pub fn msr_list(&self) -> &[u32] {
+        &self.msr_list
+    }
+
     /// Called by vCPU `id` before each KVM_RUN and after EINTR. Returns
     /// false if the thread must stop.
-    fn checkpoint(&self, id: usize, vcpu: &VcpuFd) -> bool {
+    fn checkpoint(&self, id: usize, vcpu: &mut VcpuFd) -> bool {
         if !self.attention.load(Ordering::Acquire) {
             return true;
         }
@@ -121,6 +135,13 @@ impl VcpuControl {
                         parked = true;
                         st.parked += 1;
                         self.cv.notify_all();
+                    }
+                    let save_seq = st.save_seq;
+                    if let Some(slot) = st.saves.get_mut(id) {
+                        if slot.0 != save_seq {
+                            *slot = (save_seq, Some(save_state(id, vcpu, &self.msr_list)));
+                            self.cv.notify_all();
+                        }
                     }
                     st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
                 }
@@ -197,6 +218,35 @@ impl VcpuControl {
         self.kick_until(threads, Duration::from_secs(2), |s| s.exited >= n)
     }
 
+    /// Save every vCPU's state, each from its own thread. The vCPUs must
+    /// be paused ([`Self::pause`] returned true). None if a vCPU thread has
+    /// exited or did not answer in time.
+    pub fn save_all(&self, threads: &[JoinHandle<()>]) -> Option<Vec<Result<VcpuState, String>>> {
+        let mut st = lock(&self.state);
+        if st.want != Want::Pause || st.exited > 0 {
+            return None;
+        }
+        st.save_seq += 1;
+        let seq = st.save_seq;
+        self.cv.notify_all();
+        let start = Instant::now();
+        let n = threads.len();
+        while !(st.exited > 0 || st.saves.iter().take(n).all(|s| s.0 == seq)) {
+            if start.elapsed() > Duration::from_secs(10) {
+                return None;
+            }
+            st = self
+                .cv
+                .wait_timeout(st, Duration::from_millis(50))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        if st.exited > 0 {
+            return None;
+        }
+        Some(st.saves.iter_mut().take(n).map(|s| s.1.take().unwrap_or_else(|| Err("no state".into()))).collect())
+    }
+
     /// Probe every vCPU (each answers from its own thread).
     pub fn poll(&self, threads: &[JoinHandle<()>]) -> Option<Vec<CpuProbe>> {
         let seq = {
@@ -250,6 +300,22 @@ pub fn guest_halted(probes: &[CpuProbe]) -> bool {
         return false;
     };
     bsp.halted_for_good && probes.iter().all(|p| p.halted_for_good || p.not_started)
+}
+
+/// Save a vCPU that is out of KVM_RUN. First a KVM_RUN with immediate_exit
+/// set lets KVM finish an instruction the vCPU exited for (an I/O read whose
+/// data userspace supplied): otherwise the saved registers would describe a
+/// half-done instruction.
+pub fn save_state(id: usize, vcpu: &mut VcpuFd, msr_list: &[u32]) -> Result<VcpuState, String> {
+    vcpu.set_kvm_immediate_exit(1);
+    let r = vcpu.run().map(|exit| format!("{exit:?}"));
+    vcpu.set_kvm_immediate_exit(0);
+    match r {
+        Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {}
+        Err(e) => return Err(format!("vcpu{id}: completing pending I/O: {e}")),
+        Ok(exit) => return Err(format!("vcpu{id}: unexpected exit completing pending I/O: {exit:?}")),
+    }
+    snapshot::vcpu::save(id, vcpu, msr_list).map_err(|e| format!("vcpu{id}: {e}"))
 }
 
 /// Spawn the thread for one vCPU.

@@ -5,19 +5,30 @@
 //! sockets, the i8042 reset line, vCPU exit events, the control API, and a
 //! 200 ms tick that checks whether the guest halted for good (poweroff).
 
+mod restoring;
+mod snapshotting;
+
+pub use restoring::{check_restore, RestoreConfig};
+pub use snapshotting::SnapshotInfo;
+
 use std::collections::HashMap;
 use std::io::Write;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
+use kvm_bindings::{
+    kvm_pit_config, kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES, KVM_MEM_LOG_DIRTY_PAGES,
+    KVM_PIT_SPEAKER_DUMMY,
+};
 use kvm_ioctls::{IoEventAddress, Kvm, VcpuFd, VmFd};
-use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use crate::GuestMemoryMmap;
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -30,6 +41,7 @@ use crate::devices::virtio::block::Block;
 use crate::devices::virtio::mmio::{MmioTransport, REG_QUEUE_NOTIFY};
 use crate::devices::virtio::vsock::Vsock;
 use crate::devices::virtio::{IrqTrigger, VirtioDevice};
+use crate::snapshot;
 use crate::vcpu::{self, VcpuControl, VcpuEvent};
 use crate::x86_64::layout::{
     IRQ_I8042, IRQ_MAX, IRQ_SERIAL, IRQ_VIRTIO_START, KVM_TSS_ADDRESS, VIRTIO_MMIO_SIZE,
@@ -60,7 +72,10 @@ pub enum VmmError {
     Vsock(#[from] crate::devices::virtio::vsock::VsockError),
     #[error("{0}: {1}")]
     Io(&'static str, #[source] std::io::Error),
+    #[error("cannot restore the snapshot: {0}")]
+    Restore(String),
 }
+
 
 fn ioctl(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmmError {
     move |e| VmmError::Ioctl(what, e)
@@ -111,7 +126,13 @@ struct MmioDevice {
 pub struct Vmm {
     _kvm: Kvm,
     vm: VmFd,
-    _mem: GuestMemoryMmap,
+    mem: GuestMemoryMmap,
+    vcpu_count: u8,
+    mem_mib: u64,
+    /// KVM logs guest writes to memory (needed for incremental snapshots).
+    dirty_log: bool,
+    /// The snapshot an incremental one would be based on: its directory and id.
+    last_snapshot: Option<(PathBuf, u64)>,
     pending_vcpus: Vec<VcpuFd>,
     threads: Vec<JoinHandle<()>>,
     control: Arc<VcpuControl>,
@@ -151,56 +172,20 @@ impl Vmm {
         vcpu::install_kick_handler().map_err(|e| VmmError::Io("signal handler", e))?;
 
         let kvm = Kvm::new().map_err(VmmError::Kvm)?;
-        let vm = kvm.create_vm().map_err(ioctl("KVM_CREATE_VM"))?;
-        vm.set_tss_address(KVM_TSS_ADDRESS)
-            .map_err(ioctl("KVM_SET_TSS_ADDR"))?;
-        vm.create_irq_chip().map_err(ioctl("KVM_CREATE_IRQCHIP"))?;
-        let pit = kvm_pit_config {
-            flags: KVM_PIT_SPEAKER_DUMMY,
-            ..Default::default()
-        };
-        vm.create_pit2(pit).map_err(ioctl("KVM_CREATE_PIT2"))?;
-
+        let vm = new_vm(&kvm)?;
         let mem_size = config.mem_mib << 20;
         let ranges: Vec<(GuestAddress, usize)> = e820::ram_ranges(mem_size)
             .into_iter()
             .map(|(s, l)| (GuestAddress(s), l as usize))
             .collect();
-        let mem = GuestMemoryMmap::<()>::from_ranges(&ranges)
+        let mem = GuestMemoryMmap::from_ranges(&ranges)
             .map_err(|e| VmmError::Memory(e.to_string()))?;
-        for (slot, region) in mem.iter().enumerate() {
-            let r = kvm_userspace_memory_region {
-                slot: slot as u32,
-                guest_phys_addr: region.start_addr().0,
-                memory_size: region.len(),
-                userspace_addr: region.as_ptr() as u64,
-                flags: 0,
-            };
-            // SAFETY: the region belongs to `mem`, which the Vmm keeps
-            // alive for as long as the VM exists.
-            unsafe { vm.set_user_memory_region(r) }
-                .map_err(ioctl("KVM_SET_USER_MEMORY_REGION"))?;
-        }
+        register_memory(&vm, &mem, false)?;
 
         // Legacy devices.
         let mut irqfds = Vec::new();
         let panicked = Arc::new(AtomicBool::new(false));
-        let out: SerialOut = match &config.serial {
-            SerialOutput::Stdout => Box::new(std::io::stdout()),
-            SerialOutput::File(p) => Box::new(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(p)
-                    .map_err(|e| VmmError::Io("cannot open serial log", e))?,
-            ),
-            SerialOutput::Discard => Box::new(std::io::sink()),
-        };
-        let out = Box::new(PanicWatch {
-            out,
-            line: Vec::new(),
-            panicked: panicked.clone(),
-        });
+        let out = serial_output(&config.serial, &panicked)?;
         let serial_irq = new_irqfd(&vm, IRQ_SERIAL)?;
         irqfds.push(serial_irq.clone());
         let serial = Arc::new(Mutex::new(Serial::new(IrqEvt(serial_irq), out)));
@@ -223,29 +208,18 @@ impl Vmm {
         let mut devices = Vec::new();
         let mut mmio = Vec::new();
         for (i, dev) in virtio.into_iter().enumerate() {
-            let base = VIRTIO_MMIO_START + i as u64 * VIRTIO_MMIO_SIZE;
-            let irq_line = IRQ_VIRTIO_START + i as u32;
-            let irq = IrqTrigger::new().map_err(|e| VmmError::Io("eventfd", e))?;
-            vm.register_irqfd(&irq.evt, irq_line)
-                .map_err(ioctl("KVM_IRQFD"))?;
-            let mut queue_evts = Vec::new();
-            for q in 0..dev.queue_max_sizes().len() {
-                let evt = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmmError::Io("eventfd", e))?;
-                vm.register_ioevent(&evt, &IoEventAddress::Mmio(base + REG_QUEUE_NOTIFY), q as u32)
-                    .map_err(ioctl("KVM_IOEVENTFD"))?;
-                queue_evts.push(evt);
-            }
+            let w = wire_virtio(&vm, i, dev.queue_max_sizes().len())?;
             let backend_fd = dev.backend_fd();
-            let transport = MmioTransport::new(dev, mem.clone(), irq)
+            let transport = MmioTransport::new(dev, mem.clone(), w.irq)
                 .map_err(|e| VmmError::Config(format!("virtio queue: {e}")))?;
             let transport = Arc::new(Mutex::new(transport));
-            mmio.push((base, transport.clone()));
+            mmio.push((w.base, transport.clone()));
             devices.push(MmioDevice {
                 transport,
-                queue_evts,
+                queue_evts: w.queue_evts,
                 backend_fd,
             });
-            cmdline.push_str(&format!(" virtio_mmio.device=4K@{base:#x}:{irq_line}"));
+            cmdline.push_str(&format!(" virtio_mmio.device=4K@{:#x}:{}", w.base, w.irq_line));
         }
 
         // Kernel, boot info, MP table, vCPUs.
@@ -273,26 +247,54 @@ impl Vmm {
             pending_vcpus.push(vcpu);
         }
 
-        let (vcpu_tx, vcpu_rx) = channel();
-        Ok(Self {
-            _kvm: kvm,
+        let msr_list = snapshot::vcpu::msrs_to_save(&kvm).unwrap_or_else(|e| {
+            tracing::warn!("no MSR list for snapshots: {e}");
+            Vec::new()
+        });
+        Self::assemble(Parts {
+            kvm,
             vm,
-            _mem: mem,
+            mem,
+            vcpu_count: config.vcpus,
+            mem_mib: config.mem_mib,
+            dirty_log: false,
+            last_snapshot: None,
             pending_vcpus,
-            threads: Vec::new(),
-            control: VcpuControl::new(usize::from(config.vcpus)),
-            bus: Arc::new(Bus { serial, i8042, mmio }),
+            msr_list,
+            bus: Bus { serial, i8042, mmio },
             devices,
             reset_evt,
+            panicked,
+            serial_stdin: config.serial_stdin,
+            irqfds,
+        })
+    }
+
+    fn assemble(p: Parts) -> Result<Self, VmmError> {
+        let (vcpu_tx, vcpu_rx) = channel();
+        Ok(Self {
+            _kvm: p.kvm,
+            vm: p.vm,
+            mem: p.mem,
+            vcpu_count: p.vcpu_count,
+            mem_mib: p.mem_mib,
+            dirty_log: p.dirty_log,
+            last_snapshot: p.last_snapshot,
+            pending_vcpus: p.pending_vcpus,
+            threads: Vec::new(),
+            control: VcpuControl::new(usize::from(p.vcpu_count), p.msr_list),
+            bus: Arc::new(p.bus),
+            devices: p.devices,
+            reset_evt: p.reset_evt,
             vcpu_wake: Arc::new(
                 EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmmError::Io("eventfd", e))?,
             ),
             vcpu_tx,
             vcpu_rx,
-            panicked,
-            serial_stdin: config.serial_stdin,
+            panicked: p.panicked,
+            serial_stdin: p.serial_stdin,
             state: VmState::Created,
-            _irqfds: irqfds,
+            _irqfds: p.irqfds,
         })
     }
 
@@ -322,7 +324,8 @@ impl Vmm {
     }
 
     fn stop_vcpus(&mut self) {
-        self.control.resume();
+        // Straight from Pause to Stop: a paused VM (one just snapshotted)
+        // must not run another guest instruction on its way out.
         if !self.control.stop(&self.threads) {
             tracing::warn!("some vCPU threads did not stop in time");
         }
@@ -371,6 +374,13 @@ impl Vmm {
                 s => Response::err(format!("cannot resume: VM is {s:?}")),
             },
             Command::Stop => return Err(ExitReason::Stopped),
+            Command::Snapshot { dir, incremental } => match self.snapshot(&dir, incremental, events) {
+                Ok(info) => Response::snapshot(self.state, info),
+                Err(e) => {
+                    tracing::warn!("snapshot to {} failed: {e}", dir.display());
+                    Response::err(format!("snapshot failed: {e}"))
+                }
+            },
         })
     }
 
@@ -560,6 +570,105 @@ fn broadcast(clients: &mut HashMap<u64, Client>, events: &[Event]) {
     for e in events {
         clients.retain(|_, c| c.send(e));
     }
+}
+
+/// Everything [`Vmm::assemble`] puts together.
+struct Parts {
+    kvm: Kvm,
+    vm: VmFd,
+    mem: GuestMemoryMmap,
+    vcpu_count: u8,
+    mem_mib: u64,
+    dirty_log: bool,
+    last_snapshot: Option<(PathBuf, u64)>,
+    pending_vcpus: Vec<VcpuFd>,
+    msr_list: Vec<u32>,
+    bus: Bus,
+    devices: Vec<MmioDevice>,
+    reset_evt: Arc<EventFd>,
+    panicked: Arc<AtomicBool>,
+    serial_stdin: bool,
+    irqfds: Vec<Arc<EventFd>>,
+}
+
+/// A VM with its TSS, in-kernel irqchip and PIT.
+fn new_vm(kvm: &Kvm) -> Result<VmFd, VmmError> {
+    let vm = kvm.create_vm().map_err(ioctl("KVM_CREATE_VM"))?;
+    vm.set_tss_address(KVM_TSS_ADDRESS)
+        .map_err(ioctl("KVM_SET_TSS_ADDR"))?;
+    vm.create_irq_chip().map_err(ioctl("KVM_CREATE_IRQCHIP"))?;
+    let pit = kvm_pit_config {
+        flags: KVM_PIT_SPEAKER_DUMMY,
+        ..Default::default()
+    };
+    vm.create_pit2(pit).map_err(ioctl("KVM_CREATE_PIT2"))?;
+    Ok(vm)
+}
+
+/// Give KVM every RAM region (slot i = region i), logging dirty pages if asked.
+fn register_memory(vm: &VmFd, mem: &GuestMemoryMmap, log_dirty: bool) -> Result<(), VmmError> {
+    for (slot, region) in mem.iter().enumerate() {
+        let r = kvm_userspace_memory_region {
+            slot: slot as u32,
+            guest_phys_addr: region.start_addr().0,
+            memory_size: region.len(),
+            userspace_addr: region.as_ptr() as u64,
+            flags: if log_dirty { KVM_MEM_LOG_DIRTY_PAGES } else { 0 },
+        };
+        // SAFETY: the region belongs to `mem`, which the Vmm keeps
+        // alive for as long as the VM exists.
+        unsafe { vm.set_user_memory_region(r) }
+            .map_err(ioctl("KVM_SET_USER_MEMORY_REGION"))?;
+    }
+    Ok(())
+}
+
+/// The console writer, watched for kernel panic messages.
+fn serial_output(serial: &SerialOutput, panicked: &Arc<AtomicBool>) -> Result<SerialOut, VmmError> {
+    let out: SerialOut = match serial {
+        SerialOutput::Stdout => Box::new(std::io::stdout()),
+        SerialOutput::File(p) => Box::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .map_err(|e| VmmError::Io("cannot open serial log", e))?,
+        ),
+        SerialOutput::Discard => Box::new(std::io::sink()),
+    };
+    Ok(Box::new(PanicWatch {
+        out,
+        line: Vec::new(),
+        panicked: panicked.clone(),
+    }))
+}
+
+/// The KVM wiring of virtio device `index`: its MMIO window, interrupt line
+/// (an irqfd) and one ioeventfd per queue.
+struct VirtioWiring {
+    base: u64,
+    irq_line: u32,
+    irq: IrqTrigger,
+    queue_evts: Vec<EventFd>,
+}
+
+fn wire_virtio(vm: &VmFd, index: usize, queues: usize) -> Result<VirtioWiring, VmmError> {
+    let base = VIRTIO_MMIO_START + index as u64 * VIRTIO_MMIO_SIZE;
+    let irq_line = IRQ_VIRTIO_START + index as u32;
+    if irq_line > IRQ_MAX {
+        return Err(VmmError::Config(format!("too many devices: {}", index + 1)));
+    }
+    let irq = IrqTrigger::new().map_err(|e| VmmError::Io("eventfd", e))?;
+    vm.register_irqfd(&irq.evt, irq_line)
+        .map_err(ioctl("KVM_IRQFD"))?;
+    let mut queue_evts = Vec::new();
+    for q in 0..queues {
+        let evt = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmmError::Io("eventfd", e))?;
+        vm.register_ioevent(&evt, &IoEventAddress::Mmio(base + REG_QUEUE_NOTIFY), q as u32)
+            .map_err(ioctl("KVM_IOEVENTFD"))?;
+        queue_evts.push(evt);
+    }
+    Ok(VirtioWiring { base, irq_line, irq, queue_evts })
 }
 
 fn new_irqfd(vm: &VmFd, line: u32) -> Result<Arc<EventFd>, VmmError> {

@@ -1,8 +1,15 @@
-//! Whole-VM snapshots: the state file format and the trait every part of the
-//! VM implements to be saved and rebuilt.
+//! Whole-VM snapshots: the state file format, the trait every part of the
+//! VM implements to be saved and rebuilt, vCPU and VM (irqchip, PIT,
+//! clock) state, and guest memory files.
 
 pub mod format;
 pub mod memory;
+pub mod microvm;
+pub mod pod;
+pub mod vcpu;
+pub mod vm;
+#[cfg(test)]
+mod persist_tests;
 
 pub use format::{read_state_file, write_state_file, SnapshotError, FORMAT_VERSION, MAX_STATE_LEN};
 

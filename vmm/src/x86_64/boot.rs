@@ -7,7 +7,8 @@ use std::path::Path;
 use linux_loader::loader::bootparam::boot_params;
 use linux_loader::loader::elf::{Elf, PvhBootCapability};
 use linux_loader::loader::KernelLoader;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use crate::GuestMemoryMmap;
+use vm_memory::{Bytes, GuestAddress};
 
 use super::e820::{e820_map, E820Entry};
 use super::layout::{
@@ -307,7 +308,7 @@ mod tests {
 
     #[test]
     fn pvh_note_selects_pvh() {
-        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 32 << 20)]).unwrap();
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 32 << 20)]).unwrap();
         let k = std::env::temp_dir().join(format!("burrow-pvh-{}", std::process::id()));
         std::fs::write(&k, crate::probe::tiny_elf(0x20_0000, &[0xf4], true)).unwrap();
         let e = load(&mem, 32 << 20, &k, None, "").unwrap();
@@ -319,7 +320,7 @@ mod tests {
 
     #[test]
     fn loads_a_minimal_elf_with_pvh_note_absent() {
-        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 32 << 20)]).unwrap();
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 32 << 20)]).unwrap();
         let dir = std::env::temp_dir().join(format!("burrow-boot-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let k = dir.join("vmlinux");

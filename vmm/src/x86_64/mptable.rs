@@ -2,7 +2,8 @@
 //! learns how many CPUs there are and where the IOAPIC and its pins are.
 //! Layout per the MP spec 1.4; written at the start of the EBDA.
 
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use crate::GuestMemoryMmap;
+use vm_memory::{Bytes, GuestAddress};
 
 use super::layout::{APIC_ADDR, EBDA_START, IOAPIC_ADDR, IRQ_MAX};
 

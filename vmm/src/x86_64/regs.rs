@@ -3,7 +3,8 @@
 
 use kvm_bindings::{kvm_fpu, kvm_msr_entry, kvm_regs, kvm_segment, kvm_sregs, Msrs};
 use kvm_ioctls::VcpuFd;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use crate::GuestMemoryMmap;
+use vm_memory::{Bytes, GuestAddress};
 
 use super::layout::{
     BOOT_GDT_START, BOOT_IDT_START, BOOT_STACK_POINTER, PDE_START, PDPTE_START, PML4_START,
@@ -283,7 +284,7 @@ fn set_lint(vcpu: &VcpuFd) -> Result<(), RegsError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vm_memory::GuestMemoryMmap;
+    use crate::GuestMemoryMmap;
 
     #[test]
     fn gdt_entries_round_trip() {
@@ -306,7 +307,7 @@ mod tests {
 
     #[test]
     fn long_mode_sregs_and_identity_map() {
-        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
         let mut sregs = kvm_sregs::default();
         setup_sregs(&mem, &mut sregs, BootProtocol::Linux64).unwrap();
         assert_eq!(sregs.cr3, PML4_START);
@@ -320,7 +321,7 @@ mod tests {
 
     #[test]
     fn pvh_sregs_are_protected_mode_without_paging() {
-        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
         let mut sregs = kvm_sregs::default();
         setup_sregs(&mem, &mut sregs, BootProtocol::Pvh).unwrap();
         assert_eq!(sregs.cr0 & X86_CR0_PG, 0);

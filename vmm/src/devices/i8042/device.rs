@@ -30,17 +30,17 @@ const KBD_ACK: u8 = 0xfa;
 const KBD_CMD_GET_ID: u8 = 0xf2;
 const KBD_CMD_RESET: u8 = 0xff;
 const KBD_BAT_OK: u8 = 0xaa;
-const MAX_BUFFER: usize = 16;
+pub(super) const MAX_BUFFER: usize = 16;
 
 pub struct I8042 {
-    status: u8,
-    ctr: u8,
-    outp: u8,
+    pub(super) status: u8,
+    pub(super) ctr: u8,
+    pub(super) outp: u8,
     /// Command waiting for its data byte.
-    pending_cmd: Option<u8>,
-    buf: VecDeque<u8>,
-    irq: Arc<EventFd>,
-    reset: Arc<EventFd>,
+    pub(super) pending_cmd: Option<u8>,
+    pub(super) buf: VecDeque<u8>,
+    pub(super) irq: Arc<EventFd>,
+    pub(super) reset: Arc<EventFd>,
 }
 
 impl I8042 {

@@ -19,7 +19,7 @@ pub type SerialOut = Box<dyn Write + Send>;
 
 /// COM1: eight registers at 0x3f8.
 pub struct Serial {
-    uart: vm_superio::Serial<IrqEvt, vm_superio::serial::NoEvents, SerialOut>,
+    pub(super) uart: vm_superio::Serial<IrqEvt, vm_superio::serial::NoEvents, SerialOut>,
 }
 
 impl Serial {

@@ -8,7 +8,8 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use crate::GuestMemoryMmap;
+use vm_memory::{Bytes, GuestAddress};
 
 use super::block::Block;
 use super::vsock::Vsock;
@@ -47,7 +48,7 @@ pub fn run(data: &[u8]) {
     let Some((&sel, image)) = data.split_first() else {
         return;
     };
-    let Ok(mem) = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), MEM_SIZE)]) else {
+    let Ok(mem) = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE)]) else {
         return;
     };
     let n = image.len().min(MEM_SIZE);

@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 
 use virtio_queue::{Queue, QueueT};
-use vm_memory::GuestMemoryMmap;
+use crate::GuestMemoryMmap;
 
 use super::{IrqTrigger, VirtioDevice, VIRTIO_F_VERSION_1, VIRTIO_MMIO_INT_CONFIG};
 
@@ -44,6 +44,16 @@ pub const STATUS_DRIVER_OK: u32 = 4;
 pub const STATUS_FEATURES_OK: u32 = 8;
 pub const STATUS_NEEDS_RESET: u32 = 0x40;
 pub const STATUS_FAILED: u32 = 0x80;
+
+/// The transport's own registers (for snapshots).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Registers {
+    pub features_sel: u32,
+    pub acked_features_sel: u32,
+    pub acked_features: u64,
+    pub queue_sel: u32,
+    pub status: u32,
+}
 
 /// One virtio device behind its MMIO register window.
 pub struct MmioTransport {
@@ -96,6 +106,33 @@ impl MmioTransport {
 
     pub fn irq(&self) -> &IrqTrigger {
         &self.irq
+    }
+
+    pub fn registers(&self) -> Registers {
+        Registers {
+            features_sel: self.features_sel,
+            acked_features_sel: self.acked_features_sel,
+            acked_features: self.acked_features,
+            queue_sel: self.queue_sel,
+            status: self.status,
+        }
+    }
+
+    /// The queue configuration the driver wrote (the device works on its
+    /// own copies once activated).
+    pub fn queues(&self) -> &[Queue] {
+        &self.queues
+    }
+
+    /// Restore registers and queue configuration from a snapshot. The
+    /// caller has validated `queues` against the device and guest memory.
+    pub(crate) fn set_registers(&mut self, r: Registers, queues: Vec<Queue>) {
+        self.features_sel = r.features_sel;
+        self.acked_features_sel = r.acked_features_sel;
+        self.acked_features = r.acked_features & self.device.avail_features();
+        self.queue_sel = r.queue_sel;
+        self.status = r.status;
+        self.queues = queues;
     }
 
     fn selected_queue(&self) -> Option<&Queue> {

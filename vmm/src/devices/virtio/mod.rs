@@ -5,6 +5,7 @@
 pub mod block;
 pub mod fuzz;
 pub mod mmio;
+pub mod persist;
 pub mod queue;
 pub mod vsock;
 
@@ -13,7 +14,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use virtio_queue::Queue;
-use vm_memory::GuestMemoryMmap;
+use crate::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 /// VIRTIO_F_VERSION_1: the only (modern) interface we offer.
@@ -108,6 +109,14 @@ pub trait VirtioDevice: Send {
     }
     /// How many malformed requests the guest has sent so far.
     fn error_count(&self) -> u64;
+    /// The device's snapshot state (see each device's `persist.rs`).
+    fn save_device_state(&self) -> persist::DeviceState {
+        persist::DeviceState::Unsupported(self.device_type())
+    }
+    /// Called once the whole VM is restored, before it runs.
+    fn on_restored(&mut self) -> Result<(), DeviceError> {
+        Ok(())
+    }
 }
 
 /// Copy `config[offset..]` into `data`, zero-filling past the end.

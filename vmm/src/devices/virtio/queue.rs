@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 
 use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
-use vm_memory::GuestMemoryMmap;
+use crate::GuestMemoryMmap;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum QueueError {
@@ -80,7 +80,8 @@ pub fn add_used(
 #[cfg(test)]
 pub mod testing {
     use virtio_queue::{Queue, QueueT};
-    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+    use crate::GuestMemoryMmap;
+    use vm_memory::{Bytes, GuestAddress};
 
     pub const VIRTQ_DESC_F_NEXT: u16 = 1;
     pub const VIRTQ_DESC_F_WRITE: u16 = 2;

@@ -1,9 +1,10 @@
 use std::fs::{File, OpenOptions};
 use std::io::{Seek, SeekFrom};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use crate::GuestMemoryMmap;
+use vm_memory::{Bytes, GuestAddress};
 
 use crate::devices::virtio::queue::{add_used, collect_chain, pop_chain, QueueError};
 use crate::devices::virtio::{
@@ -66,15 +67,16 @@ pub(crate) struct Request {
 }
 
 pub struct Block {
-    disk: File,
-    read_only: bool,
-    capacity: u64,
-    config: [u8; 8],
-    id: [u8; VIRTIO_BLK_ID_BYTES],
-    mem: Option<GuestMemoryMmap>,
-    queues: Vec<Queue>,
-    irq: Option<IrqTrigger>,
-    errors: u64,
+    pub(super) path: PathBuf,
+    pub(super) disk: File,
+    pub(super) read_only: bool,
+    pub(super) capacity: u64,
+    pub(super) config: [u8; 8],
+    pub(super) id: [u8; VIRTIO_BLK_ID_BYTES],
+    pub(super) mem: Option<GuestMemoryMmap>,
+    pub(super) queues: Vec<Queue>,
+    pub(super) irq: Option<IrqTrigger>,
+    pub(super) errors: u64,
 }
 
 impl Block {
@@ -103,6 +105,7 @@ impl Block {
         let name = b"burrow-blk";
         id[..name.len()].copy_from_slice(name);
         Ok(Self {
+            path: path.to_path_buf(),
             disk,
             read_only,
             capacity,
@@ -318,6 +321,20 @@ impl VirtioDevice for Block {
 
     fn is_activated(&self) -> bool {
         self.mem.is_some()
+    }
+
+    fn save_device_state(&self) -> crate::devices::virtio::persist::DeviceState {
+        self.device_state()
+    }
+
+    /// A request the guest posted just before the snapshot may have had its
+    /// notification (an ioeventfd the old VMM never read) lost: serve what
+    /// is in the queue now.
+    fn on_restored(&mut self) -> Result<(), DeviceError> {
+        if self.is_activated() {
+            self.process_requests()?;
+        }
+        Ok(())
     }
 
     fn process_queue(&mut self, index: usize) -> Result<(), DeviceError> {

@@ -1,6 +1,7 @@
 use std::io::{Read, Seek, SeekFrom, Write};
 
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use crate::GuestMemoryMmap;
+use vm_memory::{Bytes, GuestAddress};
 
 use super::device::*;
 use crate::devices::virtio::queue::testing::*;

@@ -3,7 +3,8 @@ use std::path::Path;
 
 use virtio_queue::{Queue, QueueOwnedT};
 use virtio_vsock::packet::VsockPacket;
-use vm_memory::{Bytes, GuestMemoryMmap};
+use crate::GuestMemoryMmap;
+use vm_memory::Bytes;
 
 use super::muxer::Muxer;
 use super::packet::{Header, HEADER_SIZE};
@@ -35,13 +36,13 @@ pub enum VsockError {
 }
 
 pub struct Vsock {
-    cid: u64,
+    pub(super) cid: u64,
     pub(crate) muxer: Muxer,
-    mem: Option<GuestMemoryMmap>,
-    queues: Vec<Queue>,
-    irq: Option<IrqTrigger>,
-    errors: u64,
-    rx_buf: Vec<u8>,
+    pub(super) mem: Option<GuestMemoryMmap>,
+    pub(super) queues: Vec<Queue>,
+    pub(super) irq: Option<IrqTrigger>,
+    pub(super) errors: u64,
+    pub(super) rx_buf: Vec<u8>,
 }
 
 impl Vsock {
@@ -221,6 +222,14 @@ impl VirtioDevice for Vsock {
 
     fn is_activated(&self) -> bool {
         self.mem.is_some()
+    }
+
+    fn save_device_state(&self) -> crate::devices::virtio::persist::DeviceState {
+        self.device_state()
+    }
+
+    fn on_restored(&mut self) -> Result<(), DeviceError> {
+        self.after_restore()
     }
 
     fn process_queue(&mut self, index: usize) -> Result<(), DeviceError> {

@@ -3,7 +3,8 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use crate::GuestMemoryMmap;
+use vm_memory::{Bytes, GuestAddress};
 
 use super::device::{MAX_PKT_DATA, RXQ, TXQ};
 use super::packet::*;

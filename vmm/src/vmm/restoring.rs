@@ -1,0 +1,195 @@
+//! Rebuilding a VM from a snapshot directory (`burrow-vmm run --restore`).
+
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+use kvm_ioctls::Kvm;
+use vmm_sys_util::eventfd::EventFd;
+
+use super::{
+    ioctl, lock, new_irqfd, MmioDevice, new_vm, register_memory, serial_output, wire_virtio, Parts, Vmm, VmmError,
+};
+use crate::bus::Bus;
+use crate::config::SerialOutput;
+use crate::devices::i8042::persist::I8042Context;
+use crate::devices::i8042::I8042;
+use crate::devices::serial::persist::SerialContext;
+use crate::devices::serial::{IrqEvt, Serial};
+use crate::devices::virtio::block::persist::BlockContext;
+use crate::devices::virtio::block::Block;
+use crate::devices::virtio::mmio::MmioTransport;
+use crate::devices::virtio::persist::{DeviceContext, DeviceState, MmioContext};
+use crate::devices::virtio::vsock::persist::VsockContext;
+use crate::devices::virtio::vsock::Vsock;
+use crate::devices::virtio::VirtioDevice;
+use crate::snapshot::microvm::{self, MemoryState, MicrovmState};
+use crate::snapshot::{self, Persist};
+use crate::vcpu;
+use crate::x86_64::layout::{IRQ_I8042, IRQ_SERIAL};
+
+/// How to restore a snapshot: where it is and what the new VM may change
+/// (console, vsock socket path, disk paths; each disk must have the size
+/// the snapshot recorded).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoreConfig {
+    pub dir: PathBuf,
+    pub serial: SerialOutput,
+    pub serial_stdin: bool,
+    /// Host-side vsock socket (default: the one the snapshot recorded).
+    pub vsock: Option<PathBuf>,
+    /// Disk image paths in device order (default: the recorded ones).
+    pub disks: Vec<PathBuf>,
+}
+
+/// Checks of a restore's inputs that need no VM: the disk paths (given or
+/// recorded) exist and have the sizes the snapshot recorded. Run before
+/// anything is created, so a mismatch touches nothing.
+pub fn check_restore(opts: &RestoreConfig, state: &MicrovmState) -> Result<(), VmmError> {
+    let disks: Vec<_> = state
+        .devices
+        .iter()
+        .filter_map(|d| match &d.device {
+            DeviceState::Block(b) => Some(b),
+            _ => None,
+        })
+        .collect();
+    if !opts.disks.is_empty() && opts.disks.len() != disks.len() {
+        return Err(VmmError::Restore(format!(
+            "{} disk paths given, the snapshot has {} disks",
+            opts.disks.len(),
+            disks.len()
+        )));
+    }
+    for (i, b) in disks.iter().enumerate() {
+        let path = opts.disks.get(i).unwrap_or(&b.path);
+        let len = std::fs::metadata(path)
+            .map_err(|e| VmmError::Restore(format!("disk {}: {e}", path.display())))?
+            .len();
+        let want = b.capacity.saturating_mul(crate::devices::virtio::block::SECTOR_SIZE);
+        if len != want {
+            return Err(VmmError::Restore(format!(
+                "disk {} is {len} bytes, the snapshot's disk was {want} bytes",
+                path.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl Vmm {
+    /// Rebuild a VM from the snapshot `load`ed from `opts.dir` (already
+    /// checked by [`microvm::load`]). Order as Firecracker's: VM, irqchip
+    /// and PIT, memory (the snapshot file mapped MAP_PRIVATE), VM state
+    /// (irqchip, PIT, clock), vCPUs with CPUID first then the rest,
+    /// devices from state; the VM then waits to be started.
+    pub fn restore(
+        opts: &RestoreConfig,
+        state: &MicrovmState,
+        chain: &[(PathBuf, MemoryState)],
+    ) -> Result<Self, VmmError> {
+        let restore_err = |e: &dyn std::fmt::Display| VmmError::Restore(e.to_string());
+        check_restore(opts, state)?;
+        vcpu::install_kick_handler().map_err(|e| VmmError::Io("signal handler", e))?;
+        let kvm = Kvm::new().map_err(VmmError::Kvm)?;
+        let vm = new_vm(&kvm)?;
+        let mem = microvm::map_memory(chain).map_err(|e| restore_err(&e))?;
+        let dirty_log = match register_memory(&vm, &mem, true) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!("dirty logging unavailable ({e}); incremental snapshots will be refused");
+                register_memory(&vm, &mem, false)?;
+                false
+            }
+        };
+        snapshot::vm::restore(&vm, &state.vm).map_err(|e| restore_err(&e))?;
+
+        let msr_list = snapshot::vcpu::msrs_to_save(&kvm).map_err(|e| restore_err(&e))?;
+        let mut pending_vcpus = Vec::new();
+        for vs in &state.vcpus {
+            snapshot::vcpu::validate(vs, &msr_list).map_err(|e| restore_err(&e))?;
+            let vcpu = vm
+                .create_vcpu(vs.id as u64)
+                .map_err(ioctl("KVM_CREATE_VCPU"))?;
+            snapshot::vcpu::restore(&vcpu, vs)
+                .map_err(|e| VmmError::Restore(format!("vcpu{}: {e}", vs.id)))?;
+            pending_vcpus.push(vcpu);
+        }
+
+        let mut irqfds = Vec::new();
+        let panicked = Arc::new(AtomicBool::new(false));
+        let out = serial_output(&opts.serial, &panicked)?;
+        let serial_irq = new_irqfd(&vm, IRQ_SERIAL)?;
+        irqfds.push(serial_irq.clone());
+        let serial = Serial::restore(SerialContext { irq: IrqEvt(serial_irq), out }, &state.serial)
+            .map_err(|e| restore_err(&e))?;
+        let kbd_irq = new_irqfd(&vm, IRQ_I8042)?;
+        irqfds.push(kbd_irq.clone());
+        let reset_evt = Arc::new(
+            EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmmError::Io("eventfd", e))?,
+        );
+        let i8042 = I8042::restore(I8042Context { irq: kbd_irq, reset: reset_evt.clone() }, &state.i8042)
+            .map_err(|e| restore_err(&e))?;
+
+        let mut devices = Vec::new();
+        let mut mmio = Vec::new();
+        let mut disk_no = 0;
+        for (i, ms) in state.devices.iter().enumerate() {
+            let dev_err = |e: &dyn std::fmt::Display| VmmError::Restore(format!("device {i}: {e}"));
+            let max_sizes = match &ms.device {
+                DeviceState::Block(_) => 1,
+                DeviceState::Vsock(_) => 3,
+                DeviceState::Unsupported(t) => {
+                    return Err(VmmError::Restore(format!("device {i}: type {t} cannot be restored")))
+                }
+            };
+            let w = wire_virtio(&vm, i, max_sizes)?;
+            let ctx = DeviceContext { mem: mem.clone(), irq: w.irq.clone(), acked_features: ms.acked_features };
+            let dev: Box<dyn VirtioDevice> = match &ms.device {
+                DeviceState::Block(b) => {
+                    let path = opts.disks.get(disk_no).cloned().unwrap_or_else(|| b.path.clone());
+                    disk_no += 1;
+                    Box::new(Block::restore(BlockContext { path, device: ctx }, b).map_err(|e| dev_err(&e))?)
+                }
+                DeviceState::Vsock(v) => {
+                    let uds_path = opts.vsock.clone().unwrap_or_else(|| v.uds_path.clone());
+                    Box::new(Vsock::restore(VsockContext { uds_path, device: ctx }, v).map_err(|e| dev_err(&e))?)
+                }
+                DeviceState::Unsupported(_) => return Err(dev_err(&"unsupported")),
+            };
+            let backend_fd = dev.backend_fd();
+            let transport = MmioTransport::restore(MmioContext { device: dev, mem: mem.clone(), irq: w.irq }, ms)
+                .map_err(|e| dev_err(&e))?;
+            let transport = Arc::new(Mutex::new(transport));
+            mmio.push((w.base, transport.clone()));
+            devices.push(MmioDevice { transport, queue_evts: w.queue_evts, backend_fd });
+        }
+        // Devices that tell the guest about the restore (vsock's transport
+        // reset) do so now that the irqchip and every device are in place.
+        for (i, d) in devices.iter().enumerate() {
+            if let Err(e) = lock(&d.transport).device_mut().on_restored() {
+                tracing::warn!("device {i} after restore: {e}");
+            }
+        }
+
+        let dir = opts.dir.canonicalize().unwrap_or_else(|_| opts.dir.clone());
+        tracing::info!("restored {} vCPUs, {} MiB from {}", state.vcpu_count, state.mem_mib, dir.display());
+        Self::assemble(Parts {
+            kvm,
+            vm,
+            mem,
+            vcpu_count: state.vcpu_count,
+            mem_mib: state.mem_mib,
+            dirty_log,
+            last_snapshot: Some((dir, state.id)),
+            pending_vcpus,
+            msr_list,
+            bus: Bus { serial: Arc::new(Mutex::new(serial)), i8042: Arc::new(Mutex::new(i8042)), mmio },
+            devices,
+            reset_evt,
+            panicked,
+            serial_stdin: opts.serial_stdin,
+            irqfds,
+        })
+    }
+}

@@ -29,7 +29,8 @@ async fn browser_in_test_mode() {
     std::fs::write(
         &page,
         "<title>local</title><body style='margin:0'><p id=o>before</p>\
-         <button id=b onclick=\"o.textContent='after'\">b</button><input id=i \
+         <button id=b onclick=\"o.textContent='after'\">b</button>\
+         <button id=a onclick=\"alert('hi'); o.textContent='alerted'\">a</button><input id=i \
          oninput=\"o.textContent='typed '+this.value\"></body>",
     )
     .expect("write the page");
@@ -77,6 +78,14 @@ async fn browser_in_test_mode() {
         .await
         .expect("text");
     assert!(text.text.contains("after"), "{:?}", text.text);
+    // An alert must not hang the page: the agent accepts dialogs.
+    click.selector = "#a".into();
+    c.browser_click(ctx(), &click).await.expect("click the alert button");
+    let text = c
+        .browser_text(ctx(), &BrowserTextRequest::new())
+        .await
+        .expect("text");
+    assert!(text.text.contains("alerted"), "{:?}", text.text);
     let mut ty = BrowserTypeRequest::new();
     ty.selector = "#i".into();
     ty.text = "xyz".into();

@@ -30,6 +30,7 @@ const PAGE: &str = r#"<!doctype html>
   #box { position: absolute; left: 40px; top: 200px; width: 200px; height: 100px; background: #e03020; }
   #btn { position: absolute; left: 300px; top: 200px; width: 120px; height: 40px; }
   #name { position: absolute; left: 300px; top: 260px; width: 200px; }
+  #alert { position: absolute; left: 440px; top: 200px; width: 120px; height: 40px; }
 </style></head>
 <body>
 <h1>Hello from the guest</h1>
@@ -37,6 +38,7 @@ const PAGE: &str = r#"<!doctype html>
 <p id="echo">nothing typed</p>
 <div id="box"></div>
 <button id="btn" onclick="document.getElementById('out').textContent = 'button clicked'">Press</button>
+<button id="alert" onclick="alert('hello'); document.getElementById('out').textContent = 'alert answered'">Alert</button>
 <input id="name">
 <script>
   document.getElementById('name').addEventListener('input',
@@ -62,6 +64,28 @@ async fn read_guest_file(c: &AgentClient, path: &str) -> String {
     let mut r = ReadFileRequest::new();
     r.path = path.into();
     String::from_utf8_lossy(&c.read_file(ctx(), &r).await.unwrap().data).into_owned()
+}
+
+/// Pids and names of the guest's processes whose name starts with
+/// "chrom" (the browser, its zygotes and renderers).
+async fn chromium_processes(c: &AgentClient) -> Vec<String> {
+    let mut ls = ListDirRequest::new();
+    ls.path = "/proc".into();
+    let mut found = Vec::new();
+    for e in c.list_dir(ctx(), &ls).await.unwrap().entries {
+        if e.name.bytes().all(|b| b.is_ascii_digit()) {
+            let mut r = ReadFileRequest::new();
+            r.path = format!("/proc/{}/comm", e.name);
+            // A process may be gone by now.
+            if let Ok(comm) = c.read_file(ctx(), &r).await {
+                let comm = String::from_utf8_lossy(&comm.data).trim().to_string();
+                if comm.starts_with("chrom") {
+                    found.push(format!("{} {comm}", e.name));
+                }
+            }
+        }
+    }
+    found
 }
 
 /// Decode a PNG into (width, height, RGBA pixels).
@@ -159,6 +183,11 @@ fn browser_renders_a_local_page_in_a_vm() {
         c.browser_click(ctx(), &click).await.unwrap();
         let t = text(&c, 0).await;
         assert!(t.text.contains("button clicked"), "{:?}", t.text);
+        // A JavaScript dialog does not hang the page: the agent accepts it.
+        click.selector = "#alert".into();
+        c.browser_click(ctx(), &click).await.unwrap();
+        let t = text(&c, 0).await;
+        assert!(t.text.contains("alert answered"), "{:?}", t.text);
         let mut ty = BrowserTypeRequest::new();
         ty.selector = "input#name".into();
         ty.text = "burrow".into();
@@ -178,10 +207,19 @@ fn browser_renders_a_local_page_in_a_vm() {
         assert_eq!(r.title, "second");
         assert!(text(&c, 0).await.text.contains("still here"));
 
-        // Close stops Chromium and unmounts the image.
+        // Close stops every Chromium process and unmounts the image.
         c.browser_close(ctx(), &BrowserCloseRequest::new()).await.unwrap();
         let mounts = read_guest_file(&c, "/proc/mounts").await;
         assert!(!mounts.contains("/run/burrow/browser"), "still mounted after close:\n{mounts}");
+        let t0 = Instant::now();
+        loop {
+            let left = chromium_processes(&c).await;
+            if left.is_empty() {
+                break;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(60), "left after close: {left:?}");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
         c.power_off(ctx(), &PowerOffRequest::new()).await.unwrap();
     })));
     if let Err(panic) = outcome {

@@ -11,6 +11,7 @@ mod launch;
 mod page;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use launch::Source;
@@ -44,10 +45,18 @@ pub struct Browser {
 
 struct Session {
     chromium: launch::Chromium,
-    cdp: Cdp,
+    cdp: Arc<Cdp>,
+    /// Answers the page's JavaScript dialogs.
+    dialogs: tokio::task::JoinHandle<()>,
     /// The CDP session id of our page.
     page: String,
     viewport: (u32, u32),
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.dialogs.abort();
+    }
 }
 
 impl Session {
@@ -119,14 +128,20 @@ impl Browser {
             return Err(AgentError::Internal("DevTools pipe missing".into()));
         };
         let cdp = match Cdp::new(to, from) {
-            Ok(c) => c,
+            Ok(c) => Arc::new(c),
             Err(e) => {
                 launch::stop(&mut chromium).await;
                 return Err(AgentError::io("DevTools pipe", e));
             }
         };
+        let events = cdp.subscribe();
         match page::open(&cdp, DEFAULT_VIEWPORT).await {
             Ok(page) => {
+                let dialogs = tokio::spawn(page::dismiss_dialogs(
+                    Arc::downgrade(&cdp),
+                    events,
+                    page.clone(),
+                ));
                 tracing::info!(
                     ms = started.elapsed().as_millis() as u64,
                     "browser ready"
@@ -134,6 +149,7 @@ impl Browser {
                 Ok(Session {
                     chromium,
                     cdp,
+                    dialogs,
                     page,
                     viewport: DEFAULT_VIEWPORT,
                 })

@@ -150,6 +150,44 @@ pub async fn navigate(
     Ok((s(0), s(1)))
 }
 
+/// Accept every JavaScript dialog (alert, confirm, prompt, beforeunload)
+/// the page opens, as nobody is there to answer it and the page would
+/// hang until one is. Runs until the pipe closes or the session ends.
+pub async fn dismiss_dialogs(
+    cdp: std::sync::Weak<Cdp>,
+    mut events: tokio::sync::broadcast::Receiver<super::cdp::Event>,
+    page: String,
+) {
+    use tokio::sync::broadcast::error::RecvError;
+    loop {
+        let ev = match events.recv().await {
+            Ok(ev) => ev,
+            Err(RecvError::Lagged(_)) => continue,
+            Err(RecvError::Closed) => return,
+        };
+        if ev.method == CLOSED_EVENT {
+            return;
+        }
+        if ev.method != "Page.javascriptDialogOpening" || ev.session.as_deref() != Some(&page) {
+            continue;
+        }
+        let Some(cdp) = cdp.upgrade() else { return };
+        let kind = ev.params.get("type").and_then(|t| t.as_str()).unwrap_or("?");
+        tracing::info!(kind, "accepting a JavaScript dialog");
+        if let Err(e) = cdp
+            .call(
+                Some(&page),
+                "Page.handleJavaScriptDialog",
+                json!({"accept": true, "promptText": ""}),
+                CALL_TIMEOUT,
+            )
+            .await
+        {
+            tracing::warn!("could not close a JavaScript dialog: {e}");
+        }
+    }
+}
+
 /// Evaluate `expr` in the page and return its value (JSON).
 async fn evaluate(cdp: &Cdp, page: &str, expr: &str) -> Result<Value> {
     let r = cdp

@@ -591,7 +591,11 @@ impl burrow_protocol::Agent for AgentService {
         Ok(empty())
     }
 
-    async fn browser_close(&self, _ctx: &TtrpcContext, _req: BrowserCloseRequest) -> TResult<Empty> {
+    async fn browser_close(
+        &self,
+        _ctx: &TtrpcContext,
+        _req: BrowserCloseRequest,
+    ) -> TResult<Empty> {
         self.browser.close().await;
         Ok(empty())
     }

@@ -518,3 +518,72 @@ unsafe fn child_main(
         fail(status, "exec", err)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cstrings(v: &[&str]) -> Vec<CString> {
+        v.iter()
+            .map(|s| CString::new(*s).expect("no NUL"))
+            .collect()
+    }
+
+    /// Passed fds arrive as 3, 4, ... in order, and nothing else leaks.
+    #[tokio::test]
+    async fn pass_fds_become_3_and_4() {
+        let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).expect("pipe");
+        let (a_r, a_w) = pipe();
+        let (b_r, b_w) = pipe();
+        let (out_r, out_w) = pipe();
+        let null = |flags| {
+            nix::fcntl::open(
+                "/dev/null",
+                flags | nix::fcntl::OFlag::O_CLOEXEC,
+                nix::sys::stat::Mode::empty(),
+            )
+            .expect("/dev/null")
+        };
+        let plan = ChildPlan {
+            argv: cstrings(&[
+                "sh",
+                "-c",
+                "echo three >&3; echo four >&4; ls /proc/self/fd",
+            ]),
+            env: cstrings(&["PATH=/usr/bin:/bin"]),
+            exec_paths: cstrings(&["/bin/sh"]),
+            cwd: cstrings(&["/"]).remove(0),
+            uid: nix::unistd::getuid().as_raw(),
+            gid: nix::unistd::getgid().as_raw(),
+            groups: Vec::new(),
+            umask: None,
+            namespaces: Namespaces::Guest,
+            rlimits: Vec::new(),
+            no_new_privileges: false,
+            caps: None,
+            last_cap: 40,
+            terminal: false,
+            pass_fds: vec![a_w, b_w],
+        };
+        let stdio = ChildStdio {
+            stdin: null(nix::fcntl::OFlag::O_RDONLY),
+            stdout: out_w,
+            stderr: null(nix::fcntl::OFlag::O_WRONLY),
+        };
+        spawn(plan, stdio, false).await.expect("spawn");
+        let read_all = |fd: OwnedFd| {
+            let mut f = std::fs::File::from(fd);
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut f, &mut s).expect("read");
+            s
+        };
+        assert_eq!(read_all(a_r), "three\n");
+        assert_eq!(read_all(b_r), "four\n");
+        // ls itself opens one more fd (its directory) while listing.
+        let fds: Vec<String> = read_all(out_r).lines().map(str::to_string).collect();
+        assert!(
+            fds.len() <= 6 && fds.iter().take(5).eq(["0", "1", "2", "3", "4"].iter()),
+            "{fds:?}"
+        );
+    }
+}

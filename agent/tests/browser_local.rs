@@ -67,7 +67,10 @@ async fn browser_in_test_mode() {
     let mut shot = BrowserScreenshotRequest::new();
     shot.width = 640;
     shot.height = 480;
-    let s = c.browser_screenshot(ctx(), &shot).await.expect("screenshot");
+    let s = c
+        .browser_screenshot(ctx(), &shot)
+        .await
+        .expect("screenshot");
     assert!(s.png.starts_with(b"\x89PNG\r\n\x1a\n"));
     assert_eq!((s.width, s.height), (640, 480));
     let mut click = BrowserClickRequest::new();
@@ -80,7 +83,9 @@ async fn browser_in_test_mode() {
     assert!(text.text.contains("after"), "{:?}", text.text);
     // An alert must not hang the page: the agent accepts dialogs.
     click.selector = "#a".into();
-    c.browser_click(ctx(), &click).await.expect("click the alert button");
+    c.browser_click(ctx(), &click)
+        .await
+        .expect("click the alert button");
     let text = c
         .browser_text(ctx(), &BrowserTextRequest::new())
         .await

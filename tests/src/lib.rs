@@ -128,7 +128,14 @@ pub mod agent_vm {
             .arg(&kernel)
             .arg("--initrd")
             .arg(&initrd)
-            .args(["--mem", &mem_mib.to_string(), "--vcpus", "2", "--append", append]);
+            .args([
+                "--mem",
+                &mem_mib.to_string(),
+                "--vcpus",
+                "2",
+                "--append",
+                append,
+            ]);
         for d in disks {
             let mut arg = d.path.as_os_str().to_owned();
             if d.read_only {
@@ -142,10 +149,15 @@ pub mod agent_vm {
             .arg("--serial-log")
             .arg(dir.join("serial.log"))
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("stderr")).expect("create the VMM's stderr file"))
+            .stderr(
+                std::fs::File::create(dir.join("stderr")).expect("create the VMM's stderr file"),
+            )
             .spawn()
             .expect("burrow-vmm starts");
-        Vm { child, dir: dir.to_path_buf() }
+        Vm {
+            child,
+            dir: dir.to_path_buf(),
+        }
     }
 
     /// Connect through the VMM's hybrid vsock (`CONNECT <port>\n` →
@@ -154,7 +166,10 @@ pub mod agent_vm {
         let start = Instant::now();
         loop {
             if let Some(st) = vm.child.try_wait().expect("wait for burrow-vmm") {
-                panic!("burrow-vmm exited ({st}) before the agent answered\n{}", vm.diagnostics());
+                panic!(
+                    "burrow-vmm exited ({st}) before the agent answered\n{}",
+                    vm.diagnostics()
+                );
             }
             assert!(
                 start.elapsed() < timeout,
@@ -185,7 +200,9 @@ pub mod agent_vm {
 
     /// A ttrpc client on a connected stream (call inside a tokio runtime).
     pub fn client(stream: UnixStream) -> burrow_protocol::AgentClient {
-        stream.set_nonblocking(true).expect("non-blocking vsock stream");
+        stream
+            .set_nonblocking(true)
+            .expect("non-blocking vsock stream");
         let stream = tokio::net::UnixStream::from_std(stream).expect("tokio stream");
         let socket = burrow_protocol::ttrpc::r#async::transport::Socket::new(stream);
         burrow_protocol::AgentClient::new(burrow_protocol::ttrpc::r#async::Client::new(socket))

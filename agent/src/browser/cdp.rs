@@ -184,7 +184,10 @@ async fn read_loop(
         while !chunk.is_empty() {
             let end = chunk.iter().position(|&b| b == 0);
             let (part, rest) = match end {
-                Some(i) => (chunk.get(..i).unwrap_or_default(), chunk.get(i + 1..).unwrap_or_default()),
+                Some(i) => (
+                    chunk.get(..i).unwrap_or_default(),
+                    chunk.get(i + 1..).unwrap_or_default(),
+                ),
                 None => (chunk, &[][..]),
             };
             if !skipping {
@@ -231,13 +234,21 @@ pub const CLOSED_EVENT: &str = "burrow.pipeClosed";
 /// The id of a reply whose start is `{"id":N,` (how Chromium writes them).
 fn leading_id(msg: &[u8]) -> Option<u64> {
     let rest = msg.strip_prefix(b"{\"id\":")?;
-    let digits: Vec<u8> = rest.iter().take(20).take_while(|b| b.is_ascii_digit()).copied().collect();
+    let digits: Vec<u8> = rest
+        .iter()
+        .take(20)
+        .take_while(|b| b.is_ascii_digit())
+        .copied()
+        .collect();
     std::str::from_utf8(&digits).ok()?.parse().ok()
 }
 
 fn dispatch(msg: &[u8], pending: &Pending, events: &broadcast::Sender<Event>) {
     let Ok(mut v) = serde_json::from_slice::<Value>(msg) else {
-        tracing::warn!("Chromium sent a message that is not JSON ({} bytes)", msg.len());
+        tracing::warn!(
+            "Chromium sent a message that is not JSON ({} bytes)",
+            msg.len()
+        );
         return;
     };
     if let Some(id) = v.get("id").and_then(Value::as_u64) {
@@ -262,7 +273,10 @@ fn dispatch(msg: &[u8], pending: &Pending, events: &broadcast::Sender<Event>) {
     } else if let Some(method) = v.get("method").and_then(Value::as_str) {
         let event = Event {
             method: method.to_string(),
-            session: v.get("sessionId").and_then(Value::as_str).map(str::to_string),
+            session: v
+                .get("sessionId")
+                .and_then(Value::as_str)
+                .map(str::to_string),
             params: v.get_mut("params").map(Value::take).unwrap_or(Value::Null),
         };
         // No listener is fine.
@@ -307,7 +321,12 @@ mod tests {
             drop(from_w);
         });
         let r = cdp
-            .call(Some("S"), "Browser.getVersion", json!({}), Duration::from_secs(10))
+            .call(
+                Some("S"),
+                "Browser.getVersion",
+                json!({}),
+                Duration::from_secs(10),
+            )
             .await
             .unwrap();
         assert_eq!(r["product"], "x");
@@ -318,7 +337,12 @@ mod tests {
         fake.await.unwrap();
         assert!(cdp.is_dead());
         let err = cdp
-            .call(None, "Browser.getVersion", json!({}), Duration::from_secs(10))
+            .call(
+                None,
+                "Browser.getVersion",
+                json!({}),
+                Duration::from_secs(10),
+            )
             .await
             .unwrap_err();
         assert!(matches!(err, CdpError::Closed(_)), "{err:?}");

@@ -157,9 +157,8 @@ pub async fn start(
     rootfs.writable_overlay = true;
     let (b, s) = (bundle.to_path_buf(), spec.clone());
     let root = tokio::task::spawn_blocking(move || -> Result<PathBuf> {
-        let root = container::mount_container(&b, &s, &rootfs).map_err(|e| {
-            AgentError::FailedPrecondition(format!("mount the browser image: {e}"))
-        })?;
+        let root = container::mount_container(&b, &s, &rootfs)
+            .map_err(|e| AgentError::FailedPrecondition(format!("mount the browser image: {e}")))?;
         if let Err(e) = bind_guest_readonly(&root.join("guest")) {
             container::unmount_container(&b);
             return Err(e);
@@ -206,9 +205,8 @@ async fn spawn_chromium(spec: &oci_spec::runtime::Spec, root: &Path) -> Result<S
             hostname: None,
         },
     )?;
-    let pipe = || {
-        nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| AgentError::os("create a pipe", e))
-    };
+    let pipe =
+        || nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| AgentError::os("create a pipe", e));
     // Chromium reads commands on fd 3 and writes replies on fd 4.
     let (cmd_r, cmd_w) = pipe()?;
     let (reply_r, reply_w) = pipe()?;

@@ -76,10 +76,7 @@ impl Browser {
     }
 
     /// Run `f` on the live session, starting Chromium first if needed.
-    async fn with_session<T>(
-        &self,
-        f: impl AsyncFnOnce(&mut Session) -> Result<T>,
-    ) -> Result<T> {
+    async fn with_session<T>(&self, f: impl AsyncFnOnce(&mut Session) -> Result<T>) -> Result<T> {
         let mut guard = self.session.lock().await;
         if let Some(s) = guard.as_mut() {
             if !s.alive() {
@@ -142,10 +139,7 @@ impl Browser {
                     events,
                     page.clone(),
                 ));
-                tracing::info!(
-                    ms = started.elapsed().as_millis() as u64,
-                    "browser ready"
-                );
+                tracing::info!(ms = started.elapsed().as_millis() as u64, "browser ready");
                 Ok(Session {
                     chromium,
                     cdp,
@@ -242,7 +236,12 @@ impl Browser {
             // Ask politely first, so Chromium tidies up its children.
             let _ = s
                 .cdp
-                .call(None, "Browser.close", serde_json::json!({}), Duration::from_secs(5))
+                .call(
+                    None,
+                    "Browser.close",
+                    serde_json::json!({}),
+                    Duration::from_secs(5),
+                )
                 .await;
             let _ = tokio::time::timeout(
                 Duration::from_secs(5),

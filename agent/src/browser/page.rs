@@ -93,12 +93,16 @@ pub async fn navigate(
             CdpError::Protocol { message, .. } => {
                 invalid(format!("cannot navigate to {url:?}: {message}"))
             }
-            CdpError::Timeout => {
-                AgentError::DeadlineExceeded(format!("navigating to {url:?} timed out after {timeout:?}"))
-            }
+            CdpError::Timeout => AgentError::DeadlineExceeded(format!(
+                "navigating to {url:?} timed out after {timeout:?}"
+            )),
             e => cdp_err("navigate")(e),
         })?;
-    if let Some(err) = r.get("errorText").and_then(Value::as_str).filter(|e| !e.is_empty()) {
+    if let Some(err) = r
+        .get("errorText")
+        .and_then(Value::as_str)
+        .filter(|e| !e.is_empty())
+    {
         return Err(AgentError::FailedPrecondition(format!(
             "loading {url:?} failed: {err}"
         )));
@@ -146,7 +150,12 @@ pub async fn navigate(
         }
     }
     let v = evaluate(cdp, page, "[location.href, document.title]").await?;
-    let s = |i: usize| v.get(i).and_then(Value::as_str).unwrap_or_default().to_string();
+    let s = |i: usize| {
+        v.get(i)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
     Ok((s(0), s(1)))
 }
 
@@ -172,7 +181,11 @@ pub async fn dismiss_dialogs(
             continue;
         }
         let Some(cdp) = cdp.upgrade() else { return };
-        let kind = ev.params.get("type").and_then(|t| t.as_str()).unwrap_or("?");
+        let kind = ev
+            .params
+            .get("type")
+            .and_then(|t| t.as_str())
+            .unwrap_or("?");
         tracing::info!(kind, "accepting a JavaScript dialog");
         if let Err(e) = cdp
             .call(
@@ -251,7 +264,11 @@ pub async fn text(cdp: &Cdp, page: &str, max: usize) -> Result<(String, bool)> {
     );
     let v = evaluate(cdp, page, &expr).await?;
     let mut truncated = v.get(0).and_then(Value::as_bool).unwrap_or(false);
-    let mut t = v.get(1).and_then(Value::as_str).unwrap_or_default().to_string();
+    let mut t = v
+        .get(1)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
     if t.len() > max {
         let mut cut = max;
         while !t.is_char_boundary(cut) {
@@ -325,9 +342,14 @@ pub async fn type_text(cdp: &Cdp, page: &str, selector: &str, text: &str) -> Res
             )))
         }
     }
-    cdp.call(Some(page), "Input.insertText", json!({"text": text}), CALL_TIMEOUT)
-        .await
-        .map_err(cdp_err("type"))?;
+    cdp.call(
+        Some(page),
+        "Input.insertText",
+        json!({"text": text}),
+        CALL_TIMEOUT,
+    )
+    .await
+    .map_err(cdp_err("type"))?;
     Ok(())
 }
 
@@ -343,7 +365,10 @@ fn base64_decode(s: &[u8]) -> Option<Vec<u8>> {
             _ => return None,
         } as u32)
     }
-    let s = s.strip_suffix(b"==").or_else(|| s.strip_suffix(b"=")).unwrap_or(s);
+    let s = s
+        .strip_suffix(b"==")
+        .or_else(|| s.strip_suffix(b"="))
+        .unwrap_or(s);
     let mut out = Vec::with_capacity(s.len() / 4 * 3 + 3);
     for chunk in s.chunks(4) {
         let mut acc = 0u32;
@@ -396,6 +421,9 @@ mod tests {
     #[test]
     fn selectors_are_quoted() {
         let js = on_element("a\"); alert(1); (\"", "return 1;").unwrap();
-        assert!(js.contains(r#"document.querySelector("a\"); alert(1); (\"")"#), "{js}");
+        assert!(
+            js.contains(r#"document.querySelector("a\"); alert(1); (\"")"#),
+            "{js}"
+        );
     }
 }

@@ -105,6 +105,18 @@ async fn browser_in_test_mode() {
         Err(ttrpc::Error::RpcStatus(s)) => assert_eq!(s.code(), ttrpc::Code::NOT_FOUND),
         other => panic!("want NOT_FOUND, got {other:?}"),
     }
+    // Chromium runs sandboxed: its renderers have a seccomp filter.
+    let mut sandboxed = Vec::new();
+    for e in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let status = std::fs::read_to_string(e.path().join("status")).unwrap_or_default();
+        if status.starts_with("Name:\tchrom") && status.contains("\nSeccomp:\t2") {
+            sandboxed.push(e.file_name());
+        }
+    }
+    assert!(
+        !sandboxed.is_empty(),
+        "no chromium process runs under seccomp"
+    );
     c.browser_close(ctx(), &BrowserCloseRequest::new())
         .await
         .expect("close");

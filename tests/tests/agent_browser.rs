@@ -66,21 +66,26 @@ async fn read_guest_file(c: &AgentClient, path: &str) -> String {
     String::from_utf8_lossy(&c.read_file(ctx(), &r).await.unwrap().data).into_owned()
 }
 
-/// Pids and names of the guest's processes whose name starts with
-/// "chrom" (the browser, its zygotes and renderers).
-async fn chromium_processes(c: &AgentClient) -> Vec<String> {
+/// The guest's processes whose name starts with "chrom" (the browser,
+/// its zygotes and renderers): "pid name", and whether it runs under a
+/// seccomp filter.
+async fn chromium_processes(c: &AgentClient) -> Vec<(String, bool)> {
     let mut ls = ListDirRequest::new();
     ls.path = "/proc".into();
     let mut found = Vec::new();
     for e in c.list_dir(ctx(), &ls).await.unwrap().entries {
         if e.name.bytes().all(|b| b.is_ascii_digit()) {
             let mut r = ReadFileRequest::new();
-            r.path = format!("/proc/{}/comm", e.name);
+            r.path = format!("/proc/{}/status", e.name);
             // A process may be gone by now.
-            if let Ok(comm) = c.read_file(ctx(), &r).await {
-                let comm = String::from_utf8_lossy(&comm.data).trim().to_string();
-                if comm.starts_with("chrom") {
-                    found.push(format!("{} {comm}", e.name));
+            if let Ok(st) = c.read_file(ctx(), &r).await {
+                let st = String::from_utf8_lossy(&st.data).into_owned();
+                if let Some(name) = st.strip_prefix("Name:\tchrom") {
+                    let name = name.lines().next().unwrap_or_default();
+                    found.push((
+                        format!("{} chrom{name}", e.name),
+                        st.contains("\nSeccomp:\t2"),
+                    ));
                 }
             }
         }
@@ -239,6 +244,13 @@ fn browser_renders_a_local_page_in_a_vm() {
             let r = c.browser_navigate(ctx(), &nav).await.unwrap();
             assert_eq!(r.title, "second");
             assert!(text(&c, 0).await.text.contains("still here"));
+
+            // Chromium runs with its sandbox: renderers have a seccomp filter.
+            let procs = chromium_processes(&c).await;
+            assert!(
+                procs.iter().any(|p| p.1),
+                "no chromium process under seccomp: {procs:?}"
+            );
 
             // Close stops every Chromium process and unmounts the image.
             c.browser_close(ctx(), &BrowserCloseRequest::new())

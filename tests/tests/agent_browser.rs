@@ -129,7 +129,8 @@ fn browser_renders_a_local_page_in_a_vm() {
         std::env::temp_dir().join(format!("burrow-agent-browser-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    // The image is the only disk: /dev/vda in the guest.
+    // The image is the only disk: /dev/vda in the guest. No `quiet`: the
+    // kernel's messages are in the serial log shown when the test fails.
     let mut vm = agent_vm::boot(
         &dir,
         2048,
@@ -137,7 +138,7 @@ fn browser_renders_a_local_page_in_a_vm() {
             path: &image,
             read_only: true,
         }],
-        "quiet burrow.browser=/dev/vda RUST_LOG=info,burrow_agent::browser=debug",
+        "burrow.browser=/dev/vda RUST_LOG=info,burrow_agent::browser=debug",
     );
     let stream = agent_vm::connect(&mut vm, BOOT_TIMEOUT);
     let rt = tokio::runtime::Builder::new_multi_thread()

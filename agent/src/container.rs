@@ -24,7 +24,7 @@ use oci_spec::runtime::{Mount, Process as OciProcess, Spec};
 use crate::error::{invalid, AgentError, Result};
 use crate::fs::{self, CleanPath};
 use crate::process::{ParentStdio, Process};
-use crate::spawn::{self, CapSets, ChildPlan, ChildStdio, Namespaces};
+use crate::spawn::{self, CapSets, ChildPlan, ChildStdio, Namespaces, ProcMasks};
 
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 const MAX_ARGS: usize = 4096;
@@ -37,6 +37,8 @@ pub struct Container {
     pub id: String,
     /// Directory holding this container's mount points (None for the guest).
     pub bundle: Option<PathBuf>,
+    /// Its processes live in a PID namespace of their own.
+    pub own_pid_ns: bool,
     /// Root filesystem as the agent sees it.
     pub rootfs: PathBuf,
     /// Processes by exec id; "" is the init.
@@ -48,6 +50,7 @@ impl Container {
         Container {
             id: String::new(),
             bundle: None,
+            own_pid_ns: false,
             rootfs: PathBuf::from("/"),
             processes: Mutex::new(HashMap::new()),
         }
@@ -403,20 +406,50 @@ pub async fn start_process(
     Process::new(exec_id.to_string(), pid, exit, parent, gate)
 }
 
-/// Fds of the namespaces of a running container init, to join.
-pub fn join_namespaces(init_pid: i32) -> Result<Namespaces> {
-    let mut fds = Vec::new();
-    for ns in ["ipc", "uts", "mnt"] {
+/// Fds of the namespaces of a running container init, to join. `pid`:
+/// the container has a PID namespace of its own.
+pub fn join_namespaces(init_pid: i32, pid: bool) -> Result<Namespaces> {
+    let open = |ns: &str| {
         let path = format!("/proc/{init_pid}/ns/{ns}");
-        let fd = nix::fcntl::open(
+        nix::fcntl::open(
             path.as_str(),
             OFlag::O_RDONLY | OFlag::O_CLOEXEC,
             Mode::empty(),
         )
-        .map_err(|e| AgentError::os(format!("open {path}"), e))?;
-        fds.push(fd);
+        .map_err(|e| AgentError::os(format!("open {path}"), e))
+    };
+    let fds = ["ipc", "uts", "mnt"]
+        .into_iter()
+        .map(open)
+        .collect::<Result<Vec<_>>>()?;
+    let pid = if pid { Some(open("pid")?) } else { None };
+    Ok(Namespaces::Join { fds, pid })
+}
+
+/// With a PID namespace in the spec (one to create, not a path to join):
+/// the /proc masks its init re-applies after mounting its own /proc.
+pub fn pid_namespace(spec: &Spec) -> Result<Option<ProcMasks>> {
+    let Some(linux) = spec.linux() else {
+        return Ok(None);
+    };
+    let wants = linux.namespaces().iter().flatten().any(|ns| {
+        ns.typ() == oci_spec::runtime::LinuxNamespaceType::Pid && ns.path().is_none()
+    });
+    if !wants {
+        return Ok(None);
     }
-    Ok(Namespaces::Join(fds))
+    let under_proc = |paths: &Option<Vec<String>>| {
+        paths
+            .iter()
+            .flatten()
+            .filter(|p| p.starts_with("/proc/"))
+            .map(|p| cstring("a masked path", p))
+            .collect::<Result<Vec<_>>>()
+    };
+    Ok(Some(ProcMasks {
+        masked: under_proc(linux.masked_paths())?,
+        readonly: under_proc(linux.readonly_paths())?,
+    }))
 }
 
 /// Mount flags and data string from mount(8)-style options.

@@ -96,6 +96,14 @@ impl AgentService {
             tokio::task::spawn_blocking(move || container::mount_container(&b, &s, &rootfs))
                 .await
                 .map_err(|e| AgentError::Internal(format!("mount task failed: {e}")))??;
+        let pid_masks = match container::pid_namespace(&spec) {
+            Ok(m) => m,
+            Err(e) => {
+                container::unmount_container(&bundle);
+                return Err(e);
+            }
+        };
+        let own_pid_ns = pid_masks.is_some();
         let started = async {
             let process = spec
                 .process()
@@ -111,6 +119,7 @@ impl AgentService {
             let ns = Namespaces::NewContainer {
                 rootfs: rootfs_c,
                 hostname,
+                pid: pid_masks,
             };
             container::start_process("", process, ns, req.stdin, true).await
         }
@@ -127,6 +136,7 @@ impl AgentService {
             id: req.container_id.clone(),
             bundle: Some(bundle),
             rootfs: rootfs_path,
+            own_pid_ns,
             processes: Mutex::new(HashMap::from([(String::new(), Arc::new(init))])),
         };
         self.containers
@@ -213,7 +223,7 @@ impl AgentService {
                     c.id
                 )));
             }
-            container::join_namespaces(init.pid)?
+            container::join_namespaces(init.pid, c.own_pid_ns)?
         };
         let p = Arc::new(container::start_process(&req.exec_id, &oci, ns, req.stdin, false).await?);
         let pid = p.pid;

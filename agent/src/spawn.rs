@@ -48,13 +48,26 @@ pub enum Namespaces {
     /// Stay in the agent's namespaces (container_id "").
     Guest,
     /// A container's init: new mount, UTS and IPC namespaces, pivot_root
-    /// into `rootfs` (already fully mounted by the agent).
+    /// into `rootfs` (already fully mounted by the agent), and with `pid` a
+    /// PID namespace of its own whose /proc the child mounts itself.
     NewContainer {
         rootfs: CString,
         hostname: Option<CString>,
+        pid: Option<ProcMasks>,
     },
-    /// Join a running container through fds of its init's namespaces.
-    Join(Vec<OwnedFd>),
+    /// Join a running container through fds of its init's namespaces
+    /// (`fds`: set up in the child) and PID namespace (`pid`: entered by
+    /// the forking thread, since a PID namespace applies to children).
+    Join { fds: Vec<OwnedFd>, pid: Option<OwnedFd> },
+}
+
+/// The spec's masked and read-only paths under /proc, applied again to the
+/// /proc a container with its own PID namespace mounts (the agent's copies
+/// of them sit on the agent's /proc, which the child replaces).
+#[derive(Debug, Default)]
+pub struct ProcMasks {
+    pub masked: Vec<CString>,
+    pub readonly: Vec<CString>,
 }
 
 /// Capability sets as bit masks (bit n = capability n).
@@ -154,6 +167,38 @@ pub async fn spawn(
     }
 }
 
+/// fork(2) from this thread with its children placed in PID namespace `ns`,
+/// then put the thread back: setns(CLONE_NEWPID) only changes where the
+/// calling thread's future children go.
+fn fork_in_pid_namespace(ns: &OwnedFd) -> Result<i32> {
+    let own = nix::fcntl::open(
+        "/proc/thread-self/ns/pid",
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| AgentError::os("open the agent's PID namespace", e))?;
+    // SAFETY: setns(2) on fds we own.
+    if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWPID) } < 0 {
+        return Err(AgentError::os("enter the container's PID namespace", Errno::last()));
+    }
+    // SAFETY: as in `fork_child`: the child only runs `child_main`.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        return Ok(0);
+    }
+    let fork_errno = Errno::last();
+    // SAFETY: setns(2) back into this thread's own active PID namespace.
+    if unsafe { libc::setns(own.as_raw_fd(), libc::CLONE_NEWPID) } < 0 {
+        // Every later child of this thread would land in the container.
+        tracing::error!("cannot return to the agent's PID namespace: {}", Errno::last());
+        std::process::abort();
+    }
+    if pid < 0 {
+        return Err(AgentError::os("fork", fork_errno));
+    }
+    Ok(pid)
+}
+
 /// Fork under the children lock; the child runs `child_main`.
 fn fork_child(
     plan: &ChildPlan,
@@ -165,9 +210,27 @@ fn fork_child(
     let env_ptrs = null_terminated(&plan.env);
     let (tx, rx) = watch::channel(None);
     let mut children = CHILDREN.lock().unwrap_or_else(|p| p.into_inner());
-    // SAFETY: the child only runs `child_main`, which makes system calls
-    // on memory prepared before the fork and never returns.
-    let pid = unsafe { libc::fork() };
+    let pid = match &plan.namespaces {
+        Namespaces::NewContainer { pid: Some(_), .. } => {
+            // SAFETY: clone(2) without CLONE_VM and without a new stack is
+            // fork(2) with extra flags; the child runs only `child_main`
+            // (system calls on memory prepared before, never returns).
+            unsafe {
+                libc::syscall(
+                    libc::SYS_clone,
+                    (libc::SIGCHLD | libc::CLONE_NEWPID) as libc::c_ulong,
+                    0usize,
+                    0usize,
+                    0usize,
+                    0usize,
+                ) as i32
+            }
+        }
+        Namespaces::Join { pid: Some(ns), .. } => fork_in_pid_namespace(ns)?,
+        // SAFETY: the child only runs `child_main`, which makes system
+        // calls on memory prepared before the fork and never returns.
+        _ => unsafe { libc::fork() },
+    };
     if pid == 0 {
         let start_fd = start_r.map_or(-1, AsRawFd::as_raw_fd);
         // SAFETY: see above; all pointers stay valid (owned by `plan`).
@@ -265,6 +328,61 @@ unsafe fn fail(status: RawFd, step: &'static str, errno: i32) -> ! {
     }
 }
 
+/// In a new PID namespace (after pivot_root): replace the agent's /proc by
+/// one of this namespace and mask it as the spec asks. Only system calls.
+unsafe fn mount_own_proc(status: RawFd, masks: &ProcMasks) {
+    // SAFETY: system calls on C strings owned by `masks` or literals.
+    unsafe {
+        libc::umount2(c"/proc".as_ptr(), libc::MNT_DETACH);
+        if libc::mount(
+            c"proc".as_ptr(),
+            c"/proc".as_ptr(),
+            c"proc".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NOEXEC | libc::MS_NODEV,
+            std::ptr::null(),
+        ) < 0
+        {
+            fail(status, "mount /proc for the container's PID namespace", errno());
+        }
+        for path in &masks.masked {
+            let file = libc::mount(
+                c"/dev/null".as_ptr(),
+                path.as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND,
+                std::ptr::null(),
+            );
+            if file < 0 && errno() == libc::ENOTDIR {
+                libc::mount(
+                    c"tmpfs".as_ptr(),
+                    path.as_ptr(),
+                    c"tmpfs".as_ptr(),
+                    libc::MS_RDONLY,
+                    std::ptr::null(),
+                );
+            }
+        }
+        for path in &masks.readonly {
+            if libc::mount(
+                path.as_ptr(),
+                path.as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND | libc::MS_REC,
+                std::ptr::null(),
+            ) == 0
+            {
+                libc::mount(
+                    std::ptr::null(),
+                    path.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_REC,
+                    std::ptr::null(),
+                );
+            }
+        }
+    }
+}
+
 fn errno() -> i32 {
     Errno::last_raw()
 }
@@ -326,7 +444,11 @@ unsafe fn child_main(
         }
         match &plan.namespaces {
             Namespaces::Guest => {}
-            Namespaces::NewContainer { rootfs, hostname } => {
+            Namespaces::NewContainer {
+                rootfs,
+                hostname,
+                pid,
+            } => {
                 if libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWUTS | libc::CLONE_NEWIPC) < 0 {
                     fail(status, "unshare namespaces", errno());
                 }
@@ -357,8 +479,11 @@ unsafe fn child_main(
                         fail(status, "sethostname", errno());
                     }
                 }
+                if let Some(masks) = pid {
+                    mount_own_proc(status, masks);
+                }
             }
-            Namespaces::Join(fds) => {
+            Namespaces::Join { fds, .. } => {
                 for fd in fds {
                     if libc::setns(fd.as_raw_fd(), 0) < 0 {
                         fail(status, "join the container's namespaces", errno());

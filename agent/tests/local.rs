@@ -374,7 +374,11 @@ fn spec_json(args: &[&str]) -> Vec<u8> {
             {"destination": "/dev/pts", "type": "devpts", "source": "devpts", "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]},
             {"destination": "/usr", "type": "bind", "source": "/usr", "options": ["rbind", "ro"]}
         ],
-        "linux": {"maskedPaths": ["/proc/kcore"], "readonlyPaths": ["/proc/sys"]}
+        "linux": {
+            "namespaces": [{"type": "pid"}, {"type": "mount"}, {"type": "uts"}, {"type": "ipc"}],
+            "maskedPaths": ["/proc/kcore"],
+            "readonlyPaths": ["/proc/sys"]
+        }
     }))
     .expect("json")
 }
@@ -408,7 +412,9 @@ async fn container_runs_its_spec() {
     let a = TestAgent::start().await;
     let rootfs = make_rootfs(a.path());
     let script = "echo in-container; hostname; cat /etc/marker; grep -c . /proc/self/mounts >/dev/null && echo proc-ok; \
-                  ulimit -n; grep CapEff /proc/self/status; grep NoNewPrivs /proc/self/status; ls /dev/null; exit 3";
+                  ulimit -n; grep CapEff /proc/self/status; grep NoNewPrivs /proc/self/status; ls /dev/null; echo pid:$$; \
+                  [ -s /proc/kcore ] && echo kcore-visible; touch /proc/sys/kernel/hostname 2>/dev/null || echo sys-ro; \
+                  ls /proc | grep -c '^[0-9]'; exit 3";
     let created = create(&a, "c1", &rootfs, &["sh", "-c", script], false)
         .await
         .expect("create");
@@ -427,6 +433,12 @@ async fn container_runs_its_spec() {
     assert!(out.contains("CapEff:\t00000000000000e1"), "{out:?}");
     assert!(out.contains("NoNewPrivs:\t1"), "{out:?}");
     assert!(out.contains("/dev/null"), "{out:?}");
+    // Its own PID namespace and /proc: the shell is PID 1 and sees only
+    // itself, `ls` and `grep`; the spec's masks hold on that /proc.
+    assert!(out.contains("pid:1\n"), "{out:?}");
+    assert!(!out.contains("kcore-visible"), "{out:?}");
+    assert!(out.contains("sys-ro\n"), "{out:?}");
+    assert!(out.ends_with("sys-ro\n3\n"), "only the container's processes in /proc: {out:?}");
     let w = wait(&a, "c1", "").await;
     assert_eq!(w.exit_code, 3);
     let (code, _) = code_of(a.client.start_container(ctx(), &creq("c1")).await);
@@ -488,7 +500,8 @@ async fn exec_joins_a_running_container() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(out.starts_with("ctr-test\n"), "{out:?}");
+    // The exec joined the container's PID namespace: init is PID 1 there.
+    assert_eq!(out, "ctr-test\n1\n");
     let list = a
         .client
         .list_processes(ctx(), &creq("c2"))

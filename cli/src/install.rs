@@ -162,15 +162,19 @@ fn build_asset(script: &Path) -> Result<PathBuf, InstallError> {
     Ok(path)
 }
 
-/// The config `burrow install` writes when the host has none.
-pub fn default_config(lib_dir: &Path) -> String {
+/// The config `burrow install` writes when the host has none, in the
+/// shim's schema (`burrow_shim::config`: top-level keys, every one optional).
+pub fn default_config(layout: &Layout) -> String {
     format!(
-        "# burrow's host config; per-pod overrides come from io.burrow.* annotations.\n\
-         [vm]\n\
+        "# burrow's host config (read by containerd-shim-burrow-v2); per-pod\n\
+         # overrides come from io.burrow.* annotations. Every key is optional:\n\
+         # see shim/src/config.rs for the full list and defaults.\n\
+         vmm = \"{}\"\n\
          kernel = \"{}\"\n\
          initrd = \"{}\"\n",
-        lib_dir.join(ASSETS[0].1).display(),
-        lib_dir.join(ASSETS[1].1).display(),
+        layout.bin_dir.join("burrow-vmm").display(),
+        layout.lib_dir.join(ASSETS[0].1).display(),
+        layout.lib_dir.join(ASSETS[1].1).display(),
     )
 }
 
@@ -212,7 +216,7 @@ pub fn install(layout: &Layout) -> Result<Vec<Change>, InstallError> {
     changes.push(if own.exists() {
         Change::Unchanged(own.clone())
     } else {
-        put(own, default_config(&layout.lib_dir).as_bytes(), 0o644)?
+        put(own, default_config(layout).as_bytes(), 0o644)?
     });
     Ok(changes)
 }
@@ -269,6 +273,19 @@ mod tests {
         fs::write(layout.built_bins.join("burrow-vmm"), b"new build").unwrap();
         let third = install(&layout).unwrap();
         assert!(third.contains(&Change::Updated(layout.bin_dir.join("burrow-vmm"))));
+    }
+
+    #[test]
+    fn the_written_config_is_one_the_shim_accepts() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = fake_tree(dir.path());
+        install(&layout).unwrap();
+        let text = fs::read_to_string(&layout.burrow_config).unwrap();
+        let cfg = burrow_shim::config::Config::parse(&text, "config.toml")
+            .unwrap_or_else(|e| panic!("the shim refuses what install wrote: {e}\n{text}"));
+        assert_eq!(cfg.kernel, layout.lib_dir.join("kernel/vmlinux"));
+        assert_eq!(cfg.initrd, Some(layout.lib_dir.join("images/guest-initrd.img")));
+        assert_eq!(cfg.vmm_binary(), layout.bin_dir.join("burrow-vmm"));
     }
 
     #[test]

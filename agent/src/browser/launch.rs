@@ -203,6 +203,8 @@ async fn spawn_chromium(spec: &oci_spec::runtime::Spec, root: &Path) -> Result<S
         Namespaces::NewContainer {
             rootfs: root_c,
             hostname: None,
+            // Chromium's sandbox makes the PID namespaces it wants.
+            pid: None,
         },
     )?;
     let pipe =

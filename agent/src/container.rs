@@ -323,6 +323,7 @@ pub fn plan(p: &OciProcess, namespaces: Namespaces) -> Result<ChildPlan> {
         caps,
         last_cap: last_cap(),
         terminal: p.terminal().unwrap_or(false),
+        pass_fds: Vec::new(),
     })
 }
 

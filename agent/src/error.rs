@@ -17,6 +17,10 @@ pub enum AgentError {
     #[error("{0}")]
     PermissionDenied(String),
     #[error("{0}")]
+    DeadlineExceeded(String),
+    #[error("{0}")]
+    OutOfRange(String),
+    #[error("{0}")]
     Internal(String),
 }
 
@@ -58,6 +62,8 @@ impl AgentError {
             AgentError::AlreadyExists(_) => ttrpc::Code::ALREADY_EXISTS,
             AgentError::FailedPrecondition(_) => ttrpc::Code::FAILED_PRECONDITION,
             AgentError::PermissionDenied(_) => ttrpc::Code::PERMISSION_DENIED,
+            AgentError::DeadlineExceeded(_) => ttrpc::Code::DEADLINE_EXCEEDED,
+            AgentError::OutOfRange(_) => ttrpc::Code::OUT_OF_RANGE,
             AgentError::Internal(_) => ttrpc::Code::INTERNAL,
         }
     }

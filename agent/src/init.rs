@@ -104,7 +104,7 @@ fn console_on_stdio() {
     }
 }
 
-fn kernel_cmdline_value(key: &str) -> Option<String> {
+pub fn kernel_cmdline_value(key: &str) -> Option<String> {
     let cmdline = std::fs::read_to_string("/proc/cmdline").ok()?;
     cmdline
         .split_whitespace()

@@ -9,6 +9,7 @@
 //! its own, as a child subreaper, and serves the same service on a unix
 //! socket.
 
+mod browser;
 mod container;
 mod error;
 mod fs;
@@ -32,11 +33,16 @@ enum Listen {
 struct Args {
     listen: Listen,
     state_dir: PathBuf,
+    /// Browser image: an erofs device or an unpacked directory.
+    browser: Option<PathBuf>,
+    browser_sandbox: bool,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
     let mut listen = Listen::Vsock(burrow_protocol::AGENT_VSOCK_PORT);
     let mut state_dir = PathBuf::from("/run/burrow");
+    let mut browser = None;
+    let mut browser_sandbox = true;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -51,16 +57,23 @@ fn parse_args() -> anyhow::Result<Args> {
                 };
             }
             "--state-dir" => state_dir = PathBuf::from(args.next().context("--state-dir needs a value")?),
+            "--browser" => browser = Some(PathBuf::from(args.next().context("--browser needs a value")?)),
+            "--browser-no-sandbox" => browser_sandbox = false,
             "--version" => {
                 println!("burrow-agent {}", env!("CARGO_PKG_VERSION"));
                 std::process::exit(0);
             }
             // The kernel may pass its unknown command-line words to init.
             other if std::process::id() == 1 => eprintln!("burrow-agent: ignoring argument {other:?}"),
-            other => bail!("unknown argument {other:?} (usage: burrow-agent [--listen unix:/path|vsock:PORT] [--state-dir DIR])"),
+            other => bail!("unknown argument {other:?} (usage: burrow-agent [--listen unix:/path|vsock:PORT] [--state-dir DIR] [--browser DEV|DIR] [--browser-no-sandbox])"),
         }
     }
-    Ok(Args { listen, state_dir })
+    Ok(Args {
+        listen,
+        state_dir,
+        browser,
+        browser_sandbox,
+    })
 }
 
 /// Test mode: keep our mounts and hostname away from the host's, and
@@ -126,7 +139,29 @@ async fn serve(args: Args, pid1: bool) -> anyhow::Result<()> {
     reaper::start().context("watch SIGCHLD")?;
     std::fs::create_dir_all(args.state_dir.join("containers"))
         .with_context(|| format!("create {}", args.state_dir.display()))?;
-    let service = Arc::new(service::AgentService::new(args.state_dir.clone(), pid1));
+    // In a guest the kernel command line names the browser image:
+    // burrow.browser=/dev/vdX (and burrow.browser_sandbox=0 to run
+    // Chromium without its sandbox).
+    let mut browser_path = args.browser.clone();
+    let mut sandbox = args.browser_sandbox;
+    if pid1 {
+        if let Some(dev) = init::kernel_cmdline_value("burrow.browser") {
+            browser_path = Some(PathBuf::from(dev));
+        }
+        if init::kernel_cmdline_value("burrow.browser_sandbox").as_deref() == Some("0") {
+            sandbox = false;
+        }
+    }
+    let browser = Arc::new(browser::Browser::new(
+        browser_path.map(browser::Source::from_path),
+        args.state_dir.clone(),
+        sandbox,
+    ));
+    let service = Arc::new(service::AgentService::new(
+        args.state_dir.clone(),
+        pid1,
+        browser.clone(),
+    ));
     let services = burrow_protocol::create_agent(service);
     let addr = match &args.listen {
         Listen::Vsock(port) => format!("vsock://-1:{port}"),
@@ -150,6 +185,7 @@ async fn serve(args: Args, pid1: bool) -> anyhow::Result<()> {
             _ = tokio::signal::ctrl_c() => {}
         }
         tracing::info!("shutting down");
+        browser.close().await;
     }
     Ok(())
 }

@@ -28,12 +28,13 @@ pub struct AgentService {
     state_dir: PathBuf,
     pid1: bool,
     started: Instant,
+    browser: Arc<crate::browser::Browser>,
 }
 
 type TResult<T> = ttrpc::Result<T>;
 
 impl AgentService {
-    pub fn new(state_dir: PathBuf, pid1: bool) -> Self {
+    pub fn new(state_dir: PathBuf, pid1: bool, browser: Arc<crate::browser::Browser>) -> Self {
         let mut containers = HashMap::new();
         containers.insert(String::new(), Arc::new(Container::guest()));
         AgentService {
@@ -42,6 +43,7 @@ impl AgentService {
             state_dir,
             pid1,
             started: Instant::now(),
+            browser,
         }
     }
 
@@ -347,8 +349,10 @@ impl burrow_protocol::Agent for AgentService {
         self.require_pid1("powering off")?;
         tracing::info!(reboot = req.reboot, "powering off on request");
         // Answer first, then go down.
+        let browser = self.browser.clone();
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(100)).await;
+            browser.close().await;
             if let Err(e) = crate::init::power_off(req.reboot) {
                 tracing::error!("power off failed: {e}");
             }
@@ -552,6 +556,62 @@ impl burrow_protocol::Agent for AgentService {
             fs::remove(root, p, recursive)
         })
         .await?;
+        Ok(empty())
+    }
+
+    async fn browser_navigate(
+        &self,
+        _ctx: &TtrpcContext,
+        req: BrowserNavigateRequest,
+    ) -> TResult<BrowserNavigateResponse> {
+        let (url, title) = self.browser.navigate(&req.url, req.timeout_ms).await?;
+        let mut r = BrowserNavigateResponse::new();
+        r.url = url;
+        r.title = title;
+        Ok(r)
+    }
+
+    async fn browser_screenshot(
+        &self,
+        _ctx: &TtrpcContext,
+        req: BrowserScreenshotRequest,
+    ) -> TResult<BrowserScreenshotResponse> {
+        let (png, width, height) = self.browser.screenshot(req.width, req.height).await?;
+        let mut r = BrowserScreenshotResponse::new();
+        r.png = png;
+        r.width = width;
+        r.height = height;
+        Ok(r)
+    }
+
+    async fn browser_text(
+        &self,
+        _ctx: &TtrpcContext,
+        req: BrowserTextRequest,
+    ) -> TResult<BrowserTextResponse> {
+        let (text, truncated) = self.browser.text(req.max_bytes).await?;
+        let mut r = BrowserTextResponse::new();
+        r.text = text;
+        r.truncated = truncated;
+        Ok(r)
+    }
+
+    async fn browser_click(&self, _ctx: &TtrpcContext, req: BrowserClickRequest) -> TResult<Empty> {
+        self.browser.click(&req.selector).await?;
+        Ok(empty())
+    }
+
+    async fn browser_type(&self, _ctx: &TtrpcContext, req: BrowserTypeRequest) -> TResult<Empty> {
+        self.browser.type_text(&req.selector, &req.text).await?;
+        Ok(empty())
+    }
+
+    async fn browser_close(
+        &self,
+        _ctx: &TtrpcContext,
+        _req: BrowserCloseRequest,
+    ) -> TResult<Empty> {
+        self.browser.close().await;
         Ok(empty())
     }
 }

@@ -101,7 +101,13 @@ pub struct ChildPlan {
     pub caps: Option<CapSets>,
     pub last_cap: u32,
     pub terminal: bool,
+    /// Extra fds the program inherits as fds 3, 4, ... in this order (e.g.
+    /// chromium's `--remote-debugging-pipe` pair); at most [`MAX_PASS_FDS`].
+    pub pass_fds: Vec<OwnedFd>,
 }
+
+/// Most extra fds a child may inherit.
+pub const MAX_PASS_FDS: usize = 8;
 
 /// The child's ends of its stdio.
 pub struct ChildStdio {
@@ -127,6 +133,12 @@ pub async fn spawn(
     stdio: ChildStdio,
     gated: bool,
 ) -> Result<(i32, watch::Receiver<Option<ExitStatus>>, Option<Gate>)> {
+    if plan.pass_fds.len() > MAX_PASS_FDS {
+        return Err(AgentError::Internal(format!(
+            "{} fds to pass, more than {MAX_PASS_FDS}",
+            plan.pass_fds.len()
+        )));
+    }
     let (status_r, status_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
         .map_err(|e| AgentError::os("create a status pipe", e))?;
     let (start_r, start_w) = if gated {
@@ -564,32 +576,54 @@ unsafe fn child_main(
                 }
             }
         }
-        // From here on the child holds only stdio, the status pipe (fd 3)
-        // and the start pipe (fd 4): a child waiting at the gate must not
-        // keep other processes' pipes open.
+        // From here on the child holds only stdio, the fds it is to pass on
+        // (3 .. 3+n), the status pipe (3+n) and the start pipe (4+n): a
+        // child waiting at the gate must not keep other processes' pipes
+        // open. Everything is first copied above the targets so that no
+        // dup2 below clobbers a source.
+        let n = plan.pass_fds.len().min(MAX_PASS_FDS) as RawFd;
+        let above = 5 + n;
+        let mut passed = [-1 as RawFd; MAX_PASS_FDS];
+        for (slot, fd) in passed.iter_mut().zip(&plan.pass_fds) {
+            *slot = libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, above);
+            if *slot < 0 {
+                fail(status, "copy a passed fd", errno());
+            }
+        }
+        let status_tmp = libc::fcntl(status, libc::F_DUPFD_CLOEXEC, above);
+        if status_tmp < 0 {
+            fail(status, "move the status pipe", errno());
+        }
+        let status = status_tmp;
         let start_tmp = if start >= 0 {
-            libc::fcntl(start, libc::F_DUPFD_CLOEXEC, 5)
+            libc::fcntl(start, libc::F_DUPFD_CLOEXEC, above)
         } else {
             -1
         };
         if start >= 0 && start_tmp < 0 {
             fail(status, "move the start pipe", errno());
         }
-        if status != 3 && libc::dup2(status, 3) < 0 {
+        for (i, &fd) in passed.iter().take(n as usize).enumerate() {
+            // dup2 clears close-on-exec on the target: the program keeps it.
+            if libc::dup2(fd, 3 + i as RawFd) < 0 {
+                fail(status, "pass an fd", errno());
+            }
+        }
+        if libc::dup2(status, 3 + n) < 0 {
             fail(status, "move the status pipe", errno());
         }
-        let status: RawFd = 3;
+        let status: RawFd = 3 + n;
         libc::fcntl(status, libc::F_SETFD, libc::FD_CLOEXEC);
         let start: RawFd = if start_tmp >= 0 {
-            if libc::dup2(start_tmp, 4) < 0 {
+            if libc::dup2(start_tmp, 4 + n) < 0 {
                 fail(status, "move the start pipe", errno());
             }
-            libc::fcntl(4, libc::F_SETFD, libc::FD_CLOEXEC);
-            4
+            libc::fcntl(4 + n, libc::F_SETFD, libc::FD_CLOEXEC);
+            4 + n
         } else {
             -1
         };
-        let first_closed: libc::c_uint = if start >= 0 { 5 } else { 4 };
+        let first_closed = (if start >= 0 { 5 + n } else { 4 + n }) as libc::c_uint;
         if libc::syscall(libc::SYS_close_range, first_closed, libc::c_uint::MAX, 0) < 0 {
             fail(status, "close inherited fds", errno());
         }
@@ -705,5 +739,74 @@ unsafe fn child_main(
             }
         }
         fail(status, "exec", err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cstrings(v: &[&str]) -> Vec<CString> {
+        v.iter()
+            .map(|s| CString::new(*s).expect("no NUL"))
+            .collect()
+    }
+
+    /// Passed fds arrive as 3, 4, ... in order, and nothing else leaks.
+    #[tokio::test]
+    async fn pass_fds_become_3_and_4() {
+        let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).expect("pipe");
+        let (a_r, a_w) = pipe();
+        let (b_r, b_w) = pipe();
+        let (out_r, out_w) = pipe();
+        let null = |flags| {
+            nix::fcntl::open(
+                "/dev/null",
+                flags | nix::fcntl::OFlag::O_CLOEXEC,
+                nix::sys::stat::Mode::empty(),
+            )
+            .expect("/dev/null")
+        };
+        let plan = ChildPlan {
+            argv: cstrings(&[
+                "sh",
+                "-c",
+                "echo three >&3; echo four >&4; ls /proc/self/fd",
+            ]),
+            env: cstrings(&["PATH=/usr/bin:/bin"]),
+            exec_paths: cstrings(&["/bin/sh"]),
+            cwd: cstrings(&["/"]).remove(0),
+            uid: nix::unistd::getuid().as_raw(),
+            gid: nix::unistd::getgid().as_raw(),
+            groups: Vec::new(),
+            umask: None,
+            namespaces: Namespaces::Guest,
+            rlimits: Vec::new(),
+            no_new_privileges: false,
+            caps: None,
+            last_cap: 40,
+            terminal: false,
+            pass_fds: vec![a_w, b_w],
+        };
+        let stdio = ChildStdio {
+            stdin: null(nix::fcntl::OFlag::O_RDONLY),
+            stdout: out_w,
+            stderr: null(nix::fcntl::OFlag::O_WRONLY),
+        };
+        spawn(plan, stdio, false).await.expect("spawn");
+        let read_all = |fd: OwnedFd| {
+            let mut f = std::fs::File::from(fd);
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut f, &mut s).expect("read");
+            s
+        };
+        assert_eq!(read_all(a_r), "three\n");
+        assert_eq!(read_all(b_r), "four\n");
+        // ls itself opens one more fd (its directory) while listing.
+        let fds: Vec<String> = read_all(out_r).lines().map(str::to_string).collect();
+        assert!(
+            fds.len() <= 6 && fds.iter().take(5).eq(["0", "1", "2", "3", "4"].iter()),
+            "{fds:?}"
+        );
     }
 }

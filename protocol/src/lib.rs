@@ -46,6 +46,19 @@
 //! - After a snapshot restore: reconnect, then `SetTime` and `AddEntropy`.
 //!   `PowerOff` answers, then powers the VM off 100 ms later.
 //!
+//! # Browser
+//!
+//! `BrowserNavigate`, `BrowserScreenshot`, `BrowserText`, `BrowserClick`,
+//! `BrowserType` drive one headless Chromium page in the guest, started on
+//! the first call from the browser image (`rootfs/browser-image`, attached
+//! as a virtio-blk disk and named on the kernel command line with
+//! `burrow.browser=/dev/vdX`); `BrowserClose` stops it. Give the guest at
+//! least 1 GiB. Chromium sees the guest's files read-only under `/guest`.
+//! Errors: FAILED_PRECONDITION (no browser image, Chromium failed to start
+//! or died), NOT_FOUND (no element matches the selector), INVALID_ARGUMENT
+//! (bad URL or selector), DEADLINE_EXCEEDED (no load event in time),
+//! OUT_OF_RANGE (screenshot over [`MAX_SCREENSHOT_BYTES`]).
+//!
 //! Errors are ttrpc status errors: NOT_FOUND (no such container, process,
 //! file), INVALID_ARGUMENT (bad spec, bad id, oversized field),
 //! ALREADY_EXISTS, FAILED_PRECONDITION (not running, already started,
@@ -92,6 +105,10 @@ pub const MAX_ID_LEN: usize = 256;
 
 /// Longest path in a file request (bytes).
 pub const MAX_PATH_LEN: usize = 4096;
+
+/// Largest PNG `BrowserScreenshot` returns (bytes); a larger screenshot
+/// fails with OUT_OF_RANGE (ask for a smaller viewport).
+pub const MAX_SCREENSHOT_BYTES: usize = 3 << 20;
 
 /// The `#[async_trait]` attribute the generated [`Agent`] trait needs.
 pub use async_trait::async_trait;

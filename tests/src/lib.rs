@@ -61,3 +61,152 @@ pub fn asset_from_env(var: &str, built_by: &str) -> std::path::PathBuf {
     );
     path
 }
+
+/// Booting burrow-agent as PID 1 in a real VM (burrow-vmm with the guest
+/// kernel and the agent initramfs) and talking to it over hybrid vsock.
+pub mod agent_vm {
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+    use std::path::{Path, PathBuf};
+    use std::process::{Child, Command, ExitStatus, Stdio};
+    use std::time::{Duration, Instant};
+
+    /// A running burrow-vmm; killed when dropped.
+    pub struct Vm {
+        pub child: Child,
+        pub dir: PathBuf,
+    }
+
+    impl Drop for Vm {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    /// A virtio-blk disk: image path and whether the guest sees it
+    /// read-only. The n-th disk is `/dev/vd<a+n>` in the guest.
+    pub struct Disk<'a> {
+        pub path: &'a Path,
+        pub read_only: bool,
+    }
+
+    impl Vm {
+        /// Serial console and burrow-vmm's stderr, for failure messages.
+        pub fn diagnostics(&self) -> String {
+            let serial = std::fs::read_to_string(self.dir.join("serial.log")).unwrap_or_default();
+            let stderr = std::fs::read_to_string(self.dir.join("stderr")).unwrap_or_default();
+            format!("--- serial ---\n{serial}\n--- burrow-vmm stderr ---\n{stderr}")
+        }
+
+        /// Wait up to `timeout` for burrow-vmm to exit.
+        pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+            let t0 = Instant::now();
+            loop {
+                if let Some(st) = self.child.try_wait().expect("wait for burrow-vmm") {
+                    return st;
+                }
+                assert!(
+                    t0.elapsed() < timeout,
+                    "VM did not power off in {timeout:?}\n{}",
+                    self.diagnostics()
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+
+    /// Boot the guest kernel (`BURROW_GUEST_KERNEL`) with the agent
+    /// initramfs (`BURROW_AGENT_INITRD`), `mem_mib` of memory, 2 vCPUs, the
+    /// given disks and `append` added to the kernel command line. The
+    /// vsock socket, serial log and VMM stderr go to `dir`.
+    pub fn boot(dir: &Path, mem_mib: u32, disks: &[Disk<'_>], append: &str) -> Vm {
+        crate::require_hardware_kvm();
+        let kernel = crate::asset_from_env("BURROW_GUEST_KERNEL", "guest-kernel/build");
+        let initrd = crate::asset_from_env("BURROW_AGENT_INITRD", "rootfs/build");
+        let mut cmd = Command::new(crate::workspace_bin("burrow-vmm"));
+        cmd.arg("run")
+            .arg("--kernel")
+            .arg(&kernel)
+            .arg("--initrd")
+            .arg(&initrd)
+            .args([
+                "--mem",
+                &mem_mib.to_string(),
+                "--vcpus",
+                "2",
+                "--append",
+                append,
+            ]);
+        for d in disks {
+            let mut arg = d.path.as_os_str().to_owned();
+            if d.read_only {
+                arg.push(":ro");
+            }
+            cmd.arg("--disk").arg(arg);
+        }
+        let child = cmd
+            .arg("--vsock")
+            .arg(dir.join("vsock"))
+            .arg("--serial-log")
+            .arg(dir.join("serial.log"))
+            .stdout(Stdio::null())
+            .stderr(
+                std::fs::File::create(dir.join("stderr")).expect("create the VMM's stderr file"),
+            )
+            .spawn()
+            .expect("burrow-vmm starts");
+        Vm {
+            child,
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// Connect through the VMM's hybrid vsock (`CONNECT <port>\n` →
+    /// `OK <n>\n`), retrying until the agent answers or `timeout` passes.
+    pub fn connect(vm: &mut Vm, timeout: Duration) -> UnixStream {
+        let start = Instant::now();
+        loop {
+            if let Some(st) = vm.child.try_wait().expect("wait for burrow-vmm") {
+                panic!(
+                    "burrow-vmm exited ({st}) before the agent answered\n{}",
+                    vm.diagnostics()
+                );
+            }
+            assert!(
+                start.elapsed() < timeout,
+                "agent not reachable in {timeout:?}\n{}",
+                vm.diagnostics()
+            );
+            if let Ok(mut s) = UnixStream::connect(vm.dir.join("vsock")) {
+                let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+                let hello = format!("CONNECT {}\n", burrow_protocol::AGENT_VSOCK_PORT);
+                if s.write_all(hello.as_bytes()).is_ok() {
+                    let mut line = Vec::new();
+                    let mut b = [0u8; 1];
+                    while line.len() < 64 {
+                        match s.read(&mut b) {
+                            Ok(1) if b[0] == b'\n' => break,
+                            Ok(1) => line.push(b[0]),
+                            _ => break,
+                        }
+                    }
+                    if line.starts_with(b"OK ") && s.set_read_timeout(None).is_ok() {
+                        return s;
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// A ttrpc client on a connected stream (call inside a tokio runtime).
+    pub fn client(stream: UnixStream) -> burrow_protocol::AgentClient {
+        stream
+            .set_nonblocking(true)
+            .expect("non-blocking vsock stream");
+        let stream = tokio::net::UnixStream::from_std(stream).expect("tokio stream");
+        let socket = burrow_protocol::ttrpc::r#async::transport::Socket::new(stream);
+        burrow_protocol::AgentClient::new(burrow_protocol::ttrpc::r#async::Client::new(socket))
+    }
+}

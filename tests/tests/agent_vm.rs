@@ -6,38 +6,17 @@
 
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] fns
 
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use burrow_protocol::agent::*;
 use burrow_protocol::ttrpc::{self, context};
 use burrow_protocol::AgentClient;
+use burrow_tests::agent_vm::{self, Disk, Vm};
 
 /// Guest code runs 10-20x slower in the nested test host.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(400);
-
-struct Vm {
-    child: Child,
-    dir: PathBuf,
-}
-
-impl Drop for Vm {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Vm {
-    fn diagnostics(&self) -> String {
-        let serial = std::fs::read_to_string(self.dir.join("serial.log")).unwrap_or_default();
-        let stderr = std::fs::read_to_string(self.dir.join("stderr")).unwrap_or_default();
-        format!("--- serial ---\n{serial}\n--- burrow-vmm stderr ---\n{stderr}")
-    }
-}
 
 /// An ext4 image with busybox and a few files for the container.
 fn make_disk(dir: &Path) -> PathBuf {
@@ -67,57 +46,7 @@ fn make_disk(dir: &Path) -> PathBuf {
 }
 
 fn boot(dir: &Path, disk: &Path) -> Vm {
-    burrow_tests::require_hardware_kvm();
-    let kernel = burrow_tests::asset_from_env("BURROW_GUEST_KERNEL", "guest-kernel/build");
-    let initrd = burrow_tests::asset_from_env("BURROW_AGENT_INITRD", "rootfs/build");
-    let child = Command::new(burrow_tests::workspace_bin("burrow-vmm"))
-        .arg("run")
-        .arg("--kernel")
-        .arg(&kernel)
-        .arg("--initrd")
-        .arg(&initrd)
-        .args(["--mem", "512", "--vcpus", "2", "--append", "quiet"])
-        .arg("--disk")
-        .arg(disk)
-        .arg("--vsock")
-        .arg(dir.join("vsock"))
-        .arg("--serial-log")
-        .arg(dir.join("serial.log"))
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.join("stderr")).unwrap())
-        .spawn()
-        .expect("burrow-vmm starts");
-    Vm { child, dir: dir.to_path_buf() }
-}
-
-/// Connect through the VMM's hybrid vsock: `CONNECT <port>\n` → `OK <n>\n`.
-fn connect_vsock(vm: &mut Vm) -> UnixStream {
-    let start = Instant::now();
-    loop {
-        if let Some(st) = vm.child.try_wait().unwrap() {
-            panic!("burrow-vmm exited ({st}) before the agent answered\n{}", vm.diagnostics());
-        }
-        assert!(start.elapsed() < BOOT_TIMEOUT, "agent not reachable in {BOOT_TIMEOUT:?}\n{}", vm.diagnostics());
-        if let Ok(mut s) = UnixStream::connect(vm.dir.join("vsock")) {
-            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-            if s.write_all(format!("CONNECT {}\n", burrow_protocol::AGENT_VSOCK_PORT).as_bytes()).is_ok() {
-                let mut line = Vec::new();
-                let mut b = [0u8; 1];
-                while line.len() < 64 {
-                    match s.read(&mut b) {
-                        Ok(1) if b[0] == b'\n' => break,
-                        Ok(1) => line.push(b[0]),
-                        _ => break,
-                    }
-                }
-                if line.starts_with(b"OK ") {
-                    s.set_read_timeout(None).unwrap();
-                    return s;
-                }
-            }
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    agent_vm::boot(dir, 512, &[Disk { path: disk, read_only: false }], "quiet")
 }
 
 fn ctx() -> context::Context {
@@ -186,13 +115,10 @@ fn agent_in_a_vm_runs_a_busybox_container() {
     std::fs::create_dir_all(&dir).unwrap();
     let disk = make_disk(&dir);
     let mut vm = boot(&dir, &disk);
-    let stream = connect_vsock(&mut vm);
+    let stream = agent_vm::connect(&mut vm, BOOT_TIMEOUT);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rt.block_on(async {
-        stream.set_nonblocking(true).unwrap();
-        let stream = tokio::net::UnixStream::from_std(stream).unwrap();
-        let client = ttrpc::r#async::Client::new(ttrpc::r#async::transport::Socket::new(stream));
-        let c = AgentClient::new(client);
+        let c = agent_vm::client(stream);
 
         let h = c.health(ctx(), &HealthRequest::new()).await.unwrap();
         assert!(h.pid1, "agent is not PID 1");
@@ -308,14 +234,7 @@ fn agent_in_a_vm_runs_a_busybox_container() {
         eprintln!("{}", vm.diagnostics());
         std::panic::resume_unwind(panic);
     }
-    let t0 = Instant::now();
-    loop {
-        if let Some(st) = vm.child.try_wait().unwrap() {
-            assert_eq!(st.code(), Some(0), "{}", vm.diagnostics());
-            break;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(120), "VM did not power off\n{}", vm.diagnostics());
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let st = vm.wait_exit(Duration::from_secs(120));
+    assert_eq!(st.code(), Some(0), "{}", vm.diagnostics());
     let _ = std::fs::remove_dir_all(&dir);
 }

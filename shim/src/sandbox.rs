@@ -6,7 +6,7 @@
 //! One `Sandbox` is one VM. It can hold several containers (a pod); each
 //! container has an init process (exec id "") and exec'd processes.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 
@@ -89,6 +89,18 @@ pub struct SandboxStats {
     pub pids: u64,
 }
 
+/// What the sandbox does once a checkpoint is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterCheckpoint {
+    /// Run on (the usual case).
+    Resume,
+    /// Stay paused (it was paused before: containerd pauses around its
+    /// checkpoints and resumes afterwards itself).
+    StayPaused,
+    /// Stop the sandbox: its processes end.
+    Exit,
+}
+
 /// Errors of a sandbox backend. Each maps to one gRPC code for containerd.
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
@@ -156,4 +168,20 @@ pub trait Sandbox: Send + Sync + 'static {
     async fn stats(&self) -> Result<SandboxStats>;
     /// Stop the VM and remove everything it left on the host. Idempotent.
     async fn shutdown(&self) -> Result<()>;
+    /// Write a checkpoint of the whole sandbox into `dir`.
+    async fn checkpoint(&self, dir: &Path, after: AfterCheckpoint) -> Result<()> {
+        let _ = (dir, after);
+        Err(SandboxError::Unimplemented(
+            "this sandbox cannot be checkpointed".into(),
+        ))
+    }
+    /// Create a container by restoring the checkpoint in `dir`: its
+    /// processes are running already (Start only attaches to them).
+    /// Returns the pid of init.
+    async fn restore_container(&self, cfg: &ContainerConfig, dir: &Path) -> Result<u32> {
+        let _ = (cfg, dir);
+        Err(SandboxError::Unimplemented(
+            "this sandbox cannot restore checkpoints".into(),
+        ))
+    }
 }

@@ -6,9 +6,9 @@
 //! unit tests drive it in-process with a fake sandbox.
 //!
 //! Every RPC of the `Task` service is implemented here explicitly; none falls
-//! back to the generated "not supported" default. `Checkpoint` answers a
-//! deliberate UNIMPLEMENTED (VM snapshots come with the snapshot work), and
-//! `Update` with resources answers UNIMPLEMENTED (a VM's vCPUs and memory
+//! back to the generated "not supported" default. `Checkpoint` writes a
+//! whole-VM checkpoint and Create with `checkpoint` restores one (see
+//! `vm::snapshot` for the layout); `Update` with resources answers UNIMPLEMENTED (a VM's vCPUs and memory
 //! are fixed at boot; there is no hotplug yet).
 
 use std::collections::HashMap;
@@ -37,7 +37,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::events::{send, EventSink};
-use crate::sandbox::{ContainerConfig, ExecConfig, RootfsMount, Sandbox, SandboxError, Stream};
+use crate::sandbox::{
+    AfterCheckpoint, ContainerConfig, ExecConfig, RootfsMount, Sandbox, SandboxError, Stream,
+};
 use crate::spec;
 use crate::stdio::{self, StdioPaths};
 
@@ -71,6 +73,9 @@ struct Process {
     exec: Option<ExecConfig>,
     stdin_close: Option<watch::Sender<bool>>,
     pumps: Vec<JoinHandle<()>>,
+    /// Init of a task restored from a checkpoint: it runs already, Start
+    /// only attaches stdio and the exit watcher.
+    restored: bool,
 }
 
 impl Process {
@@ -85,6 +90,7 @@ impl Process {
             exec,
             stdin_close: None,
             pumps: Vec::new(),
+            restored: false,
         }
     }
 
@@ -200,6 +206,18 @@ pub fn validate_id(kind: &str, id: &str) -> Result<(), ttrpc::Error> {
             ),
         ))
     }
+}
+
+/// Whether checkpoint options ask to stop the task afterwards. containerd
+/// sends runc's `containerd.runc.v1.CheckpointOptions` (from `ctr c
+/// checkpoint`; `ctr task checkpoint` sends none to non-runc runtimes),
+/// whose field 1 is `bool exit`. Proto3 writes fields in number order, so a
+/// set `exit` is the leading bytes `08 01`.
+fn checkpoint_exit(options: Option<&Any>) -> bool {
+    options.is_some_and(|o| {
+        o.type_url.ends_with("containerd.runc.v1.CheckpointOptions")
+            && o.value.starts_with(&[0x08, 0x01])
+    })
 }
 
 fn to_any(msg: &dyn MessageDyn) -> TtrpcResult<Any> {
@@ -407,7 +425,15 @@ impl TaskService {
                 .collect(),
             stdin: !req.stdin.is_empty(),
         };
-        let pid = self.inner.sandbox.create_container(&cfg).await?;
+        let restored = !req.checkpoint.is_empty();
+        let pid = if restored {
+            self.inner
+                .sandbox
+                .restore_container(&cfg, Path::new(&req.checkpoint))
+                .await?
+        } else {
+            self.inner.sandbox.create_container(&cfg).await?
+        };
         let raced = {
             let mut st = self.lock();
             if st.containers.contains_key(&req.id) {
@@ -417,7 +443,10 @@ impl TaskService {
                     req.id.clone(),
                     Container {
                         bundle: req.bundle.clone(),
-                        init: Process::new(pid, stdio.clone(), None),
+                        init: Process {
+                            restored,
+                            ..Process::new(pid, stdio.clone(), None)
+                        },
                         execs: HashMap::new(),
                     },
                 );
@@ -456,7 +485,7 @@ impl TaskService {
     }
 
     async fn start_process(&self, req: &api::StartRequest) -> TtrpcResult<api::StartResponse> {
-        let (stdio, exec) = {
+        let (stdio, exec, restored) = {
             let st = self.lock();
             let c = st
                 .containers
@@ -477,10 +506,12 @@ impl TaskService {
                     format!("container {} is not running", req.id),
                 ));
             }
-            (p.stdio.clone(), p.exec.clone())
+            (p.stdio.clone(), p.exec.clone(), p.restored)
         };
         let pid = if req.exec_id.is_empty() {
-            self.inner.sandbox.start_container(&req.id).await?;
+            if !restored {
+                self.inner.sandbox.start_container(&req.id).await?;
+            }
             self.lock()
                 .containers
                 .get(&req.id)
@@ -577,10 +608,10 @@ impl Task for TaskService {
         req: api::CreateTaskRequest,
     ) -> TtrpcResult<api::CreateTaskResponse> {
         validate_id("container id", &req.id)?;
-        if !req.checkpoint.is_empty() || !req.parent_checkpoint.is_empty() {
+        if !req.parent_checkpoint.is_empty() {
             return Err(status(
                 Code::UNIMPLEMENTED,
-                "creating a task from a checkpoint is not supported yet (VM snapshots come with the snapshot work)",
+                "creating a task from a parent checkpoint (incremental) is not supported",
             ));
         }
         {
@@ -778,13 +809,39 @@ impl Task for TaskService {
         _ctx: &TtrpcContext,
         req: api::CheckpointTaskRequest,
     ) -> TtrpcResult<api::Empty> {
-        Err(status(
-            Code::UNIMPLEMENTED,
-            format!(
-                "checkpointing task {} is not supported yet: burrow checkpoints whole VMs, which arrives with the snapshot work",
-                req.id
-            ),
-        ))
+        let paused = {
+            let st = self.lock();
+            let c = st
+                .containers
+                .get(&req.id)
+                .ok_or_else(|| not_found(format!("container {}", req.id)))?;
+            if c.init.state != ProcState::Running {
+                return Err(status(
+                    Code::FAILED_PRECONDITION,
+                    format!("container {} is not running", req.id),
+                ));
+            }
+            st.paused
+        };
+        if req.path.is_empty() {
+            return Err(status(
+                Code::INVALID_ARGUMENT,
+                "checkpoint: no path to write the checkpoint to",
+            ));
+        }
+        let after = if checkpoint_exit(req.options.as_ref()) {
+            AfterCheckpoint::Exit
+        } else if paused {
+            AfterCheckpoint::StayPaused
+        } else {
+            AfterCheckpoint::Resume
+        };
+        tracing::info!("{}: checkpoint to {} ({after:?})", req.id, req.path);
+        self.inner
+            .sandbox
+            .checkpoint(Path::new(&req.path), after)
+            .await?;
+        Ok(api::Empty::default())
     }
 
     async fn kill(&self, _ctx: &TtrpcContext, req: api::KillRequest) -> TtrpcResult<api::Empty> {

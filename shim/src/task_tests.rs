@@ -723,9 +723,23 @@ async fn update_stats_checkpoint_connect() {
             },
         )
         .await
+        .expect_err("checkpoint without a path");
+    assert_eq!(code(&err), Code::INVALID_ARGUMENT);
+    assert!(message(&err).contains("path"));
+    // The fake sandbox cannot checkpoint: its refusal comes through.
+    let err = h
+        .svc
+        .checkpoint(
+            &ctx(),
+            api::CheckpointTaskRequest {
+                id: "c".into(),
+                path: "/tmp/cp".into(),
+                ..Default::default()
+            },
+        )
+        .await
         .expect_err("checkpoint");
     assert_eq!(code(&err), Code::UNIMPLEMENTED);
-    assert!(message(&err).contains("snapshot"));
 
     let c = h
         .svc

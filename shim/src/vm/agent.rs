@@ -225,6 +225,23 @@ impl Agent {
             .map(drop)
     }
 
+    /// Give the guest fresh entropy (after a restore, every restored copy
+    /// would otherwise continue from the same RNG state).
+    pub async fn add_entropy(&self) -> Result<()> {
+        use std::io::Read;
+        let mut data = vec![0u8; 256];
+        std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| f.read_exact(&mut data))
+            .map_err(|e| SandboxError::Internal(format!("reading /dev/urandom: {e}")))?;
+        let req = pb::AddEntropyRequest {
+            data,
+            ..Default::default()
+        };
+        self.call("AddEntropy", self.client.add_entropy(Self::ctx(), &req))
+            .await
+            .map(drop)
+    }
+
     pub async fn power_off(&self) -> Result<()> {
         self.call(
             "PowerOff",

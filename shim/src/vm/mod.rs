@@ -14,6 +14,7 @@
 
 pub mod agent;
 pub mod rootfs;
+pub mod snapshot;
 pub mod vmm;
 
 use std::collections::HashMap;
@@ -40,11 +41,17 @@ const MAX_SOCKET_PATH: usize = 107;
 struct Vm {
     vmm: Vmm,
     agent: Agent,
+    vcpus: u32,
     memory_mib: u64,
 }
 
 struct ContainerRes {
     rootfs: GuestRootfs,
+    /// The id the agent in the guest knows the container by: the task id,
+    /// except for a task restored from a checkpoint of another container.
+    guest_id: String,
+    /// The spec as the guest got it (for checkpoint manifests).
+    guest_spec: serde_json::Value,
 }
 
 /// A VM-backed sandbox.
@@ -165,15 +172,7 @@ impl VmSandbox {
         let size = spec::vm_size(spec_value, cfg);
         let vsock = self.path("vsock.sock");
         let api = self.path("api.sock");
-        for p in [&vsock, &api] {
-            // The VMM appends "_<port>" for guest-initiated connections.
-            if p.as_os_str().len() + 12 > MAX_SOCKET_PATH {
-                return Err(SandboxError::InvalidArgument(format!(
-                    "socket path {} is too long for a unix socket: use a shorter state_dir",
-                    p.display()
-                )));
-            }
-        }
+        self.check_socket_paths()?;
         if !cfg.kernel.is_file() {
             return Err(SandboxError::FailedPrecondition(format!(
                 "guest kernel {} is missing: run `burrow install` or set `kernel` in {}",
@@ -187,11 +186,12 @@ impl VmSandbox {
             initrd: cfg.initrd.clone(),
             cmdline: cfg.kernel_cmdline.clone(),
             disks: vec![(rootfs.disk.clone(), rootfs.read_only)],
-            vsock: vsock.clone(),
+            vsock,
             api,
             serial_log: self.path("console.log"),
             vcpus: size.vcpus,
             memory_mib: size.memory_mib,
+            restore: None,
         };
         tracing::info!(
             "booting VM: {} vCPUs, {} MiB, {}",
@@ -199,7 +199,36 @@ impl VmSandbox {
             size.memory_mib,
             args.to_args().join(" ")
         );
-        let mut vmm = Vmm::spawn(&args, &self.path("vmm.log"))?;
+        let vm = self.launch(cfg, &args).await?;
+        if let Err(e) = vm.agent.set_time_now().await {
+            tracing::warn!("setting the guest clock: {e}");
+        }
+        Ok(vm)
+    }
+
+    /// Check the lengths of the socket paths in the state directory.
+    fn check_socket_paths(&self) -> Result<()> {
+        for p in [self.path("vsock.sock"), self.path("api.sock")] {
+            // The VMM appends "_<port>" for guest-initiated connections.
+            if p.as_os_str().len() + 12 > MAX_SOCKET_PATH {
+                return Err(SandboxError::InvalidArgument(format!(
+                    "socket path {} is too long for a unix socket: use a shorter state_dir",
+                    p.display()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Spawn burrow-vmm (boot or restore) and connect to the agent.
+    async fn launch(&self, cfg: &Config, args: &VmmArgs) -> Result<Vm> {
+        let vsock = args.vsock.clone();
+        let what = if args.restore.is_some() {
+            "restoring the checkpoint"
+        } else {
+            "booting"
+        };
+        let mut vmm = Vmm::spawn(args, &self.path("vmm.log"))?;
         let _ = std::fs::write(self.path("vmm.pid"), vmm.pid.to_string());
         let boot_timeout = Duration::from_secs(cfg.boot_timeout_secs.max(1));
         let agent_timeout = Duration::from_secs(cfg.agent_timeout_secs.max(1));
@@ -213,7 +242,7 @@ impl VmSandbox {
             gone = exited.wait_for(Option::is_some) => {
                 let why = gone.ok().and_then(|g| g.clone()).unwrap_or_default();
                 Err(SandboxError::Unavailable(format!(
-                    "the VM exited while booting: {why} (guest console: {})",
+                    "the VM exited while {what}: {why} (guest console: {})",
                     vmm::tail_of(&self.path("console.log"), 1024)
                 )))
             }
@@ -225,13 +254,11 @@ impl VmSandbox {
                 return Err(e);
             }
         };
-        if let Err(e) = agent.set_time_now().await {
-            tracing::warn!("setting the guest clock: {e}");
-        }
         Ok(Vm {
             vmm,
             agent,
-            memory_mib: size.memory_mib,
+            vcpus: args.vcpus,
+            memory_mib: args.memory_mib,
         })
     }
 
@@ -282,6 +309,8 @@ impl VmSandbox {
                 c.id.clone(),
                 ContainerRes {
                     rootfs: rootfs.clone(),
+                    guest_id: c.id.clone(),
+                    guest_spec: guest_spec.clone(),
                 },
             );
         let vm = self.boot(cfg, &c.spec, &rootfs).await?;
@@ -314,6 +343,162 @@ impl VmSandbox {
         *self.agent.lock().unwrap_or_else(|p| p.into_inner()) = Some(vm.agent.clone());
         *vm_slot = Some(vm);
         Ok(pid)
+    }
+
+    /// The id the guest's agent knows container `id` by.
+    fn gid(&self, id: &str) -> String {
+        self.containers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .map_or_else(|| id.to_string(), |c| c.guest_id.clone())
+    }
+
+    async fn restore_inner(
+        &self,
+        cfg: &Config,
+        c: &ContainerConfig,
+        dir: &Path,
+        vm_slot: &mut Option<Vm>,
+    ) -> Result<u32> {
+        if vm_slot.is_some()
+            || !self
+                .containers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_empty()
+        {
+            return Err(SandboxError::Unimplemented(
+                "a burrow VM runs one container for now: cannot restore into a sandbox that has one".into(),
+            ));
+        }
+        let manifest = snapshot::read_manifest(dir)?;
+        self.check_socket_paths()?;
+        std::fs::create_dir_all(&self.dir)
+            .map_err(|e| SandboxError::Internal(format!("creating {}: {e}", self.dir.display())))?;
+        // The memory snapshot matches this disk, so the VM gets its own
+        // copy of it (the checkpoint stays usable for more restores).
+        let img = self.path(&format!("{}.rootfs.img", c.id));
+        let rootfs = GuestRootfs {
+            disk: img.clone(),
+            read_only: manifest.rootfs_read_only,
+            fstype: manifest.rootfs_fstype.clone(),
+            image: Some(img.clone()),
+        };
+        self.containers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(
+                c.id.clone(),
+                ContainerRes {
+                    rootfs,
+                    guest_id: manifest.container_id.clone(),
+                    guest_spec: manifest.spec.clone(),
+                },
+            );
+        snapshot::copy_disk(&dir.join(snapshot::ROOTFS), &img).await?;
+        let args = VmmArgs {
+            binary: cfg.vmm_binary(),
+            kernel: cfg.kernel.clone(),
+            initrd: None,
+            cmdline: String::new(),
+            disks: vec![(img, manifest.rootfs_read_only)],
+            vsock: self.path("vsock.sock"),
+            api: self.path("api.sock"),
+            serial_log: self.path("console.log"),
+            vcpus: manifest.vcpus,
+            memory_mib: manifest.memory_mib,
+            restore: Some(snapshot::vm_dir(dir)),
+        };
+        tracing::info!(
+            "{}: restoring container {} from {}: {}",
+            c.id,
+            manifest.container_id,
+            dir.display(),
+            args.to_args().join(" ")
+        );
+        let mut vm = self.launch(cfg, &args).await?;
+        let pid = match self.after_restore(&vm.agent, &manifest.container_id).await {
+            Ok(pid) => pid,
+            Err(e) => {
+                vm.vmm.kill().await;
+                return Err(e);
+            }
+        };
+        *self.exited.lock().unwrap_or_else(|p| p.into_inner()) = Some(vm.vmm.exited());
+        *self.agent.lock().unwrap_or_else(|p| p.into_inner()) = Some(vm.agent.clone());
+        *vm_slot = Some(vm);
+        Ok(pid)
+    }
+
+    /// A restored guest continues with the clock and RNG state of the
+    /// snapshot: step the clock, reseed, and find the container's init.
+    async fn after_restore(&self, agent: &Agent, guest_id: &str) -> Result<u32> {
+        agent.set_time_now().await?;
+        agent.add_entropy().await?;
+        let procs = agent.processes(guest_id).await?;
+        procs
+            .iter()
+            .find(|p| p.exec_id.is_empty())
+            .map(|p| p.pid)
+            .ok_or_else(|| {
+                SandboxError::FailedPrecondition(format!(
+                    "the restored guest has no init process for container {guest_id}"
+                ))
+            })
+    }
+
+    async fn checkpoint_inner(&self, dir: &Path) -> Result<()> {
+        let vm = self.vm.lock().await;
+        let vm = vm
+            .as_ref()
+            .ok_or_else(|| SandboxError::FailedPrecondition("the VM is not running".into()))?;
+        let (id, guest_id, rootfs, spec) = {
+            let cs = self.containers.lock().unwrap_or_else(|p| p.into_inner());
+            let (id, c) = cs.iter().next().ok_or_else(|| {
+                SandboxError::FailedPrecondition("the sandbox has no container".into())
+            })?;
+            (
+                id.clone(),
+                c.guest_id.clone(),
+                c.rootfs.clone(),
+                c.guest_spec.clone(),
+            )
+        };
+        std::fs::create_dir_all(dir)
+            .map_err(|e| SandboxError::Internal(format!("creating {}: {e}", dir.display())))?;
+        let vm_dir = snapshot::vm_dir(dir);
+        let started = std::time::Instant::now();
+        vm.vmm
+            .request(
+                &serde_json::json!({"cmd": "snapshot", "dir": vm_dir, "incremental": false}),
+                Duration::from_secs(600),
+            )
+            .await?;
+        // The VM is paused now, so the disk matches the memory snapshot.
+        snapshot::copy_disk(&rootfs.disk, &dir.join(snapshot::ROOTFS)).await?;
+        snapshot::write_manifest(
+            dir,
+            &snapshot::Manifest {
+                kind: snapshot::KIND.into(),
+                format_version: snapshot::FORMAT_VERSION,
+                container_id: guest_id,
+                vcpus: vm.vcpus,
+                memory_mib: vm.memory_mib,
+                rootfs_fstype: rootfs.fstype.clone(),
+                rootfs_read_only: rootfs.read_only,
+                created_unix: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs()),
+                spec,
+            },
+        )?;
+        tracing::info!(
+            "{id}: checkpoint written to {} in {} ms",
+            dir.display(),
+            started.elapsed().as_millis()
+        );
+        Ok(())
     }
 
     fn drop_container_files(&self, id: &str) {
@@ -362,13 +547,57 @@ impl Sandbox for VmSandbox {
         r
     }
 
+    async fn restore_container(&self, c: &ContainerConfig, dir: &Path) -> Result<u32> {
+        let cfg = self.cfg()?.clone();
+        let mut slot = self.vm.lock().await;
+        let r = self.restore_inner(&cfg, c, dir, &mut slot).await;
+        if r.is_err() && slot.is_none() {
+            drop(slot);
+            self.drop_container_files(&c.id);
+            cleanup_state(&self.dir);
+        }
+        r
+    }
+
+    async fn checkpoint(&self, dir: &Path, after: AfterCheckpoint) -> Result<()> {
+        let r = self.checkpoint_inner(dir).await;
+        if r.is_err() {
+            for name in [snapshot::VM_DIR, snapshot::ROOTFS, snapshot::MANIFEST] {
+                let p = dir.join(name);
+                let _ = std::fs::remove_dir_all(&p).or_else(|_| std::fs::remove_file(&p));
+            }
+        }
+        // The VMM leaves the VM paused after a snapshot (and after most
+        // failures).
+        match after {
+            AfterCheckpoint::StayPaused => {}
+            AfterCheckpoint::Resume => {
+                let vm = self.vm.lock().await;
+                if let Some(vm) = vm.as_ref() {
+                    if let Err(e) = vm.vmm.command("resume").await {
+                        tracing::error!("resuming the VM after a checkpoint: {e}");
+                        if r.is_ok() {
+                            return Err(e);
+                        }
+                    }
+                }
+            }
+            AfterCheckpoint::Exit => {
+                if r.is_ok() {
+                    self.stop_vm().await;
+                }
+            }
+        }
+        r
+    }
+
     async fn start_container(&self, id: &str) -> Result<()> {
-        self.agent()?.start_container(id).await
+        self.agent()?.start_container(&self.gid(id)).await
     }
 
     async fn delete_container(&self, id: &str) -> Result<()> {
         if let Ok(agent) = self.agent() {
-            match agent.delete_container(id).await {
+            match agent.delete_container(&self.gid(id)).await {
                 Ok(()) | Err(SandboxError::NotFound(_)) | Err(SandboxError::Unavailable(_)) => {}
                 Err(e) => tracing::warn!("{id}: agent DeleteContainer: {e}"),
             }
@@ -389,20 +618,25 @@ impl Sandbox for VmSandbox {
     async fn exec_process(&self, id: &str, exec_id: &str, cfg: &ExecConfig) -> Result<u32> {
         let json = serde_json::to_vec(&cfg.process)
             .map_err(|e| SandboxError::InvalidArgument(format!("encoding the process: {e}")))?;
-        self.agent()?.exec(id, exec_id, &json, cfg.stdin).await
+        self.agent()?
+            .exec(&self.gid(id), exec_id, &json, cfg.stdin)
+            .await
     }
 
     async fn delete_process(&self, id: &str, exec_id: &str) -> Result<()> {
-        self.agent()?.delete_process(id, exec_id).await
+        self.agent()?.delete_process(&self.gid(id), exec_id).await
     }
 
     async fn signal(&self, id: &str, exec_id: &str, signal: u32, all: bool) -> Result<()> {
-        self.agent()?.signal(id, exec_id, signal, all).await
+        self.agent()?
+            .signal(&self.gid(id), exec_id, signal, all)
+            .await
     }
 
     async fn wait(&self, id: &str, exec_id: &str) -> Result<ExitStatus> {
         let agent = self.agent()?;
-        self.unless_vm_exits(agent.wait(id, exec_id)).await
+        let gid = self.gid(id);
+        self.unless_vm_exits(agent.wait(&gid, exec_id)).await
     }
 
     async fn read_output(
@@ -413,24 +647,29 @@ impl Sandbox for VmSandbox {
         max: usize,
     ) -> Result<Chunk> {
         let agent = self.agent()?;
-        self.unless_vm_exits(agent.read(id, exec_id, stream, max))
+        let gid = self.gid(id);
+        self.unless_vm_exits(agent.read(&gid, exec_id, stream, max))
             .await
     }
 
     async fn write_stdin(&self, id: &str, exec_id: &str, data: &[u8]) -> Result<usize> {
-        self.agent()?.write_stdin(id, exec_id, data).await
+        self.agent()?
+            .write_stdin(&self.gid(id), exec_id, data)
+            .await
     }
 
     async fn close_stdin(&self, id: &str, exec_id: &str) -> Result<()> {
-        self.agent()?.close_stdin(id, exec_id).await
+        self.agent()?.close_stdin(&self.gid(id), exec_id).await
     }
 
     async fn resize_pty(&self, id: &str, exec_id: &str, rows: u32, cols: u32) -> Result<()> {
-        self.agent()?.resize_pty(id, exec_id, rows, cols).await
+        self.agent()?
+            .resize_pty(&self.gid(id), exec_id, rows, cols)
+            .await
     }
 
     async fn processes(&self, id: &str) -> Result<Vec<ProcessEntry>> {
-        self.agent()?.processes(id).await
+        self.agent()?.processes(&self.gid(id)).await
     }
 
     async fn pause(&self) -> Result<()> {

@@ -31,11 +31,33 @@ pub struct VmmArgs {
     pub serial_log: PathBuf,
     pub vcpus: u32,
     pub memory_mib: u64,
+    /// Restore this snapshot directory instead of booting `kernel` (the
+    /// size, kernel and command line then come from the snapshot).
+    pub restore: Option<PathBuf>,
 }
 
 impl VmmArgs {
     /// The command line (without the binary).
     pub fn to_args(&self) -> Vec<String> {
+        if let Some(dir) = &self.restore {
+            let mut a = vec![
+                "run".to_string(),
+                "--restore".into(),
+                dir.display().to_string(),
+                "--vsock".into(),
+                self.vsock.display().to_string(),
+                "--api".into(),
+                self.api.display().to_string(),
+                "--serial-log".into(),
+                self.serial_log.display().to_string(),
+            ];
+            for (d, _ro) in &self.disks {
+                // The read-only flag comes from the snapshot.
+                a.push("--disk".into());
+                a.push(d.display().to_string());
+            }
+            return a;
+        }
         let mut a = vec![
             "run".to_string(),
             "--kernel".into(),
@@ -162,13 +184,23 @@ impl Vmm {
 
     /// Send one command; returns the VM state it reports.
     pub async fn command(&self, cmd: &str) -> Result<String> {
+        self.request(&serde_json::json!({ "cmd": cmd }), Duration::from_secs(10))
+            .await
+    }
+
+    /// Send one request object (`{"cmd":...,...}`); returns the VM state it
+    /// reports.
+    pub async fn request(&self, body: &serde_json::Value, timeout: Duration) -> Result<String> {
         if let Some(r) = self.exit_reason() {
             return Err(SandboxError::Unavailable(r));
         }
-        tokio::time::timeout(Duration::from_secs(10), command_at(&self.api, cmd))
+        tokio::time::timeout(timeout, request_at(&self.api, body))
             .await
             .map_err(|_| {
-                SandboxError::Timeout(format!("burrow-vmm did not answer {cmd:?} within 10s"))
+                SandboxError::Timeout(format!(
+                    "burrow-vmm did not answer {body} within {}s",
+                    timeout.as_secs()
+                ))
             })?
     }
 
@@ -190,12 +222,18 @@ impl Vmm {
 
 /// Send `{"cmd":CMD}` to the API socket at `api` and read the reply.
 pub async fn command_at(api: &Path, cmd: &str) -> Result<String> {
+    request_at(api, &serde_json::json!({ "cmd": cmd })).await
+}
+
+/// Send one request object to the API socket at `api` and read the reply.
+pub async fn request_at(api: &Path, body: &serde_json::Value) -> Result<String> {
+    let cmd = body.get("cmd").and_then(|c| c.as_str()).unwrap_or("?");
     let io = |e: std::io::Error| {
         SandboxError::Unavailable(format!("burrow-vmm API {}: {e}", api.display()))
     };
     let stream = UnixStream::connect(api).await.map_err(io)?;
     let (r, mut w) = stream.into_split();
-    w.write_all(format!("{{\"cmd\":\"{cmd}\"}}\n").as_bytes())
+    w.write_all(format!("{body}\n").as_bytes())
         .await
         .map_err(io)?;
     let mut reader =
@@ -290,6 +328,7 @@ mod tests {
             serial_log: "/s/c".into(),
             vcpus: 2,
             memory_mib: 256,
+            restore: None,
         };
         let v = a.to_args();
         let s = v.join(" ");

@@ -1,0 +1,209 @@
+//! The on-disk layout of a burrow checkpoint (what `Checkpoint` writes and
+//! Create-from-checkpoint reads):
+//!
+//! ```text
+//! <dir>/burrow.json   manifest (this module): format version, container id,
+//!                     VM size, rootfs file system, the OCI spec
+//! <dir>/vm/state      burrow-vmm snapshot: vCPUs, devices (see vmm/README.md)
+//! <dir>/vm/memory     burrow-vmm snapshot: guest RAM (sparse)
+//! <dir>/rootfs.img    copy of the container's writable disk at that instant
+//! ```
+//!
+//! The manifest is small JSON, read with a size bound and checked before
+//! anything is started.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::sandbox::{Result, SandboxError};
+
+/// Manifest file name.
+pub const MANIFEST: &str = "burrow.json";
+/// The VMM's snapshot directory inside a checkpoint.
+pub const VM_DIR: &str = "vm";
+/// The copied writable disk.
+pub const ROOTFS: &str = "rootfs.img";
+/// Format version this shim writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+/// Largest manifest read (the spec is bounded by MAX_SPEC_BYTES, plus room).
+pub const MAX_MANIFEST: u64 = 2 * 1024 * 1024;
+/// What `kind` says, so a stray directory is not mistaken for a checkpoint.
+pub const KIND: &str = "burrow-checkpoint";
+
+/// `burrow.json`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Manifest {
+    pub kind: String,
+    pub format_version: u32,
+    /// The container id inside the guest (the agent knows it by this id,
+    /// whatever id a restored task gets from containerd).
+    pub container_id: String,
+    pub vcpus: u32,
+    pub memory_mib: u64,
+    /// File system of the rootfs disk (for the record; the guest has it
+    /// mounted already).
+    pub rootfs_fstype: String,
+    pub rootfs_read_only: bool,
+    /// Unix seconds when it was taken.
+    pub created_unix: u64,
+    /// The OCI spec the container was created with (as the guest got it).
+    pub spec: serde_json::Value,
+}
+
+/// Write the manifest into `dir`.
+pub fn write_manifest(dir: &Path, m: &Manifest) -> Result<()> {
+    let data = serde_json::to_vec_pretty(m)
+        .map_err(|e| SandboxError::Internal(format!("encoding the manifest: {e}")))?;
+    let path = dir.join(MANIFEST);
+    std::fs::write(&path, data)
+        .map_err(|e| SandboxError::Internal(format!("writing {}: {e}", path.display())))
+}
+
+/// Read and check the manifest of checkpoint `dir`, and that the files it
+/// needs are there.
+pub fn read_manifest(dir: &Path) -> Result<Manifest> {
+    use std::io::Read;
+    let bad = |why: String| {
+        SandboxError::InvalidArgument(format!(
+            "{} is not a usable burrow checkpoint: {why}",
+            dir.display()
+        ))
+    };
+    let path = dir.join(MANIFEST);
+    let f = std::fs::File::open(&path).map_err(|e| bad(format!("{MANIFEST}: {e}")))?;
+    let mut data = Vec::new();
+    f.take(MAX_MANIFEST + 1)
+        .read_to_end(&mut data)
+        .map_err(|e| bad(format!("{MANIFEST}: {e}")))?;
+    if data.len() as u64 > MAX_MANIFEST {
+        return Err(bad(format!(
+            "{MANIFEST} is larger than {MAX_MANIFEST} bytes"
+        )));
+    }
+    let m: Manifest = serde_json::from_slice(&data).map_err(|e| bad(format!("{MANIFEST}: {e}")))?;
+    if m.kind != KIND {
+        return Err(bad(format!(
+            "{MANIFEST} kind is {:?}, not {KIND:?}",
+            m.kind
+        )));
+    }
+    if m.format_version != FORMAT_VERSION {
+        return Err(bad(format!(
+            "format version {} (this shim reads {FORMAT_VERSION})",
+            m.format_version
+        )));
+    }
+    if m.container_id.is_empty() || m.container_id.len() > burrow_protocol::MAX_ID_LEN {
+        return Err(bad("bad container id".into()));
+    }
+    if m.vcpus == 0 || m.memory_mib == 0 {
+        return Err(bad("VM size is zero".into()));
+    }
+    for f in [
+        vm_dir(dir).join("state"),
+        vm_dir(dir).join("memory"),
+        dir.join(ROOTFS),
+    ] {
+        if !f.is_file() {
+            return Err(bad(format!("{} is missing", f.display())));
+        }
+    }
+    Ok(m)
+}
+
+/// The VMM snapshot directory of checkpoint `dir`.
+pub fn vm_dir(dir: &Path) -> PathBuf {
+    dir.join(VM_DIR)
+}
+
+/// Copy a disk (image file or block device) to `to`: a reflink where the
+/// file system can, else a sparse copy.
+pub async fn copy_disk(from: &Path, to: &Path) -> Result<()> {
+    let out = tokio::process::Command::new("cp")
+        .arg("--reflink=auto")
+        .arg("--sparse=always")
+        .arg("--")
+        .arg(from)
+        .arg(to)
+        .output()
+        .await
+        .map_err(|e| SandboxError::Internal(format!("running cp: {e}")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        let _ = std::fs::remove_file(to);
+        Err(SandboxError::Internal(format!(
+            "copying {} to {}: {}",
+            from.display(),
+            to.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Manifest {
+        Manifest {
+            kind: KIND.into(),
+            format_version: FORMAT_VERSION,
+            container_id: "c1".into(),
+            vcpus: 1,
+            memory_mib: 256,
+            rootfs_fstype: "ext4".into(),
+            rootfs_read_only: false,
+            created_unix: 1,
+            spec: serde_json::json!({"ociVersion": "1.0.2"}),
+        }
+    }
+
+    fn populate(dir: &Path) {
+        std::fs::create_dir_all(vm_dir(dir)).unwrap();
+        std::fs::write(vm_dir(dir).join("state"), b"s").unwrap();
+        std::fs::write(vm_dir(dir).join("memory"), b"m").unwrap();
+        std::fs::write(dir.join(ROOTFS), b"r").unwrap();
+    }
+
+    #[test]
+    fn round_trip() {
+        let d = tempfile::tempdir().unwrap();
+        populate(d.path());
+        write_manifest(d.path(), &sample()).unwrap();
+        assert_eq!(read_manifest(d.path()).unwrap(), sample());
+    }
+
+    #[test]
+    fn refuses_garbage_versions_and_missing_files() {
+        let d = tempfile::tempdir().unwrap();
+        let e = read_manifest(d.path()).unwrap_err();
+        assert!(
+            e.to_string().contains("not a usable burrow checkpoint"),
+            "{e}"
+        );
+        std::fs::write(d.path().join(MANIFEST), b"\x00garbage").unwrap();
+        assert!(read_manifest(d.path()).is_err());
+        let mut m = sample();
+        m.format_version = 99;
+        write_manifest(d.path(), &m).unwrap();
+        populate(d.path());
+        let e = read_manifest(d.path()).unwrap_err();
+        assert!(e.to_string().contains("format version 99"), "{e}");
+        write_manifest(d.path(), &sample()).unwrap();
+        std::fs::remove_file(d.path().join(ROOTFS)).unwrap();
+        let e = read_manifest(d.path()).unwrap_err();
+        assert!(e.to_string().contains("rootfs.img is missing"), "{e}");
+    }
+
+    #[test]
+    fn refuses_oversized_manifest() {
+        let d = tempfile::tempdir().unwrap();
+        let f = std::fs::File::create(d.path().join(MANIFEST)).unwrap();
+        f.set_len(MAX_MANIFEST + 10).unwrap();
+        let e = read_manifest(d.path()).unwrap_err();
+        assert!(e.to_string().contains("larger than"), "{e}");
+    }
+}

@@ -1,0 +1,175 @@
+//! Whole-VM checkpoint and restore through containerd 1.6's `ctr`:
+//! `ctr c checkpoint --task` (task API Checkpoint; containerd tars the
+//! directory into its content store) and `ctr c restore --live` (Create with
+//! the extracted checkpoint). Run inside hack/testhost (or on a host with
+//! hardware KVM).
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use burrow_tests::containerd::Containerd;
+
+/// Nested guests are slow (QEMU TCG): allow minutes, assert no timings.
+const LONG: Duration = Duration::from_secs(900);
+const CLEAN: Duration = Duration::from_secs(60);
+
+/// The container's workload: a counter in /tmp/counter, a long-lived
+/// background child, and (where busybox nc can) a TCP connection on the
+/// guest's loopback that appends one line a second to /tmp/received.
+const WORKLOAD: &str = "sleep 100000 & \
+    (nc -l -p 7000 > /tmp/received &) ; sleep 1; \
+    (i=0; while true; do i=$((i+1)); echo tick$i; sleep 1; done | nc 127.0.0.1 7000 &) ; \
+    i=0; while true; do i=$((i+1)); echo $i > /tmp/counter; sleep 1; done";
+
+fn containerd(name: &str) -> Containerd {
+    Containerd::start(name, "agent_timeout_secs = 30\n[memory_mib]\ndefault = 128\n")
+}
+
+fn exec(c: &Containerd, id: &str, exec_id: &str, cmd: &[&str]) -> String {
+    let mut args = vec!["task", "exec", "--exec-id", exec_id, id];
+    args.extend_from_slice(cmd);
+    let r = c.ctr(&args);
+    assert_eq!(r.code, Some(0), "exec {cmd:?} in {id}: {r:?}\n{}", c.diagnostics());
+    r.stdout
+}
+
+fn counter(c: &Containerd, id: &str, exec_id: &str) -> u64 {
+    let out = exec(c, id, exec_id, &["cat", "/tmp/counter"]);
+    out.trim().parse().unwrap_or_else(|e| panic!("counter in {id}: {out:?}: {e}"))
+}
+
+fn received_lines(c: &Containerd, id: &str, exec_id: &str) -> usize {
+    let out = exec(c, id, exec_id, &["sh", "-c", "cat /tmp/received 2>/dev/null; true"]);
+    out.lines().filter(|l| l.starts_with("tick")).count()
+}
+
+/// `pid args` of the long-lived processes (not ps, not the 1 s sleeps).
+fn long_lived(c: &Containerd, id: &str, exec_id: &str) -> Vec<String> {
+    let out = exec(c, id, exec_id, &["ps", "-o", "pid,args"]);
+    let mut v: Vec<String> = out
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .filter(|l| l.contains("sleep 100000") || l.contains("nc ") || l.contains("sh -c"))
+        .collect();
+    v.sort();
+    v
+}
+
+fn remove(c: &Containerd, id: &str) {
+    let _ = c.ctr(&["task", "kill", "-s", "SIGKILL", id]);
+    c.wait_status(id, "STOPPED", LONG);
+    let d = c.ctr(&["task", "delete", id]);
+    assert_eq!(d.code, Some(0), "{d:?}");
+    assert_eq!(c.ctr(&["containers", "rm", id]).code, Some(0));
+}
+
+fn blobs(root: &Path) -> Vec<PathBuf> {
+    let dir = root.join("io.containerd.content.v1.content/blobs/sha256");
+    std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .flatten()
+        .map(|e| e.path())
+        .collect()
+}
+
+/// Damage the VM state inside the checkpoint tar in containerd's content
+/// store (containerd does not re-check digests when it reads a blob back).
+fn corrupt_checkpoint_blob(root: &Path) {
+    for blob in blobs(root) {
+        let mut data = std::fs::read(&blob).unwrap();
+        if let Some(at) = data.windows(8).position(|w| w == b"BRWSNAP\0") {
+            for b in &mut data[at + 100..at + 116] {
+                *b ^= 0x5a;
+            }
+            let mut perms = std::fs::metadata(&blob).unwrap().permissions();
+            #[allow(clippy::permissions_set_readonly_false)]
+            perms.set_readonly(false);
+            std::fs::set_permissions(&blob, perms).unwrap();
+            std::fs::write(&blob, data).unwrap();
+            return;
+        }
+    }
+    panic!("no checkpoint blob with a burrow VM state in {}", root.display());
+}
+
+#[test]
+fn checkpoint_then_restore_continues_the_process_tree_three_times_and_refuses_a_corrupt_one() {
+    let c = containerd("snap");
+    let r = c.ctr(&Containerd::run_args(&["-d"], "t-src", &["sh", "-c", WORKLOAD]));
+    assert_eq!(r.code, Some(0), "{r:?}\n{}", c.diagnostics());
+    c.wait_status("t-src", "RUNNING", LONG);
+    let start = Instant::now();
+    let mut n = 0;
+    while n < 3 {
+        assert!(start.elapsed() < LONG, "the counter does not count\n{}", c.diagnostics());
+        std::thread::sleep(Duration::from_secs(1));
+        n = counter(&c, "t-src", &format!("c{}", start.elapsed().as_millis()));
+    }
+    let tcp_before = received_lines(&c, "t-src", "rx0");
+    let procs = long_lived(&c, "t-src", "ps0");
+    assert!(procs.iter().any(|l| l.contains("sleep 100000")), "{procs:?}");
+    let before = counter(&c, "t-src", "c-before");
+
+    let cp = c.ctr(&["containers", "checkpoint", "--task", "t-src", "cp1"]);
+    assert_eq!(cp.code, Some(0), "checkpoint: {cp:?}\n{}", c.diagnostics());
+    // The source runs on after its checkpoint.
+    c.wait_status("t-src", "RUNNING", LONG);
+    let later = counter(&c, "t-src", "c-after");
+    assert!(later >= before, "{later} < {before}");
+    remove(&c, "t-src");
+
+    // One checkpoint, three restored containers under new ids.
+    for (i, id) in ["t-r1", "t-r2", "t-r3"].iter().enumerate() {
+        let r = c.ctr(&["containers", "restore", "--live", id, "cp1"]);
+        assert_eq!(r.code, Some(0), "restore {id}: {r:?}\n{}", c.diagnostics());
+        c.wait_status(id, "RUNNING", LONG);
+        let got = counter(&c, id, "r-c1");
+        assert!(got >= before, "{id}: the counter restarted: {got} < {before}");
+        assert_eq!(long_lived(&c, id, "r-ps"), procs, "{id}: different processes after restore");
+        // The counter keeps counting.
+        let t = Instant::now();
+        while counter(&c, id, &format!("r-c{}", t.elapsed().as_millis())) <= got {
+            assert!(t.elapsed() < LONG, "{id}: the counter stopped\n{}", c.diagnostics());
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        // The clock was stepped to the host's time.
+        let guest: i64 = exec(&c, id, "r-date", &["date", "+%s"]).trim().parse().unwrap();
+        let host = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        assert!((guest - host).abs() < 120, "{id}: guest clock {guest}, host {host}");
+        if i == 0 {
+            let rx = received_lines(&c, id, "r-rx1");
+            if tcp_before == 0 {
+                eprintln!("note: busybox nc made no loopback connection; TCP continuity not checked");
+            } else {
+                let t = Instant::now();
+                while received_lines(&c, id, &format!("r-rx{}", t.elapsed().as_millis())) <= rx {
+                    assert!(t.elapsed() < LONG, "{id}: the loopback TCP connection died\n{}", c.diagnostics());
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            }
+        }
+    }
+    for id in ["t-r1", "t-r2", "t-r3"] {
+        remove(&c, id);
+    }
+    c.assert_clean(CLEAN);
+
+    // A damaged checkpoint is refused, and nothing is left behind.
+    corrupt_checkpoint_blob(&c.root);
+    let r = c.ctr(&["containers", "restore", "--live", "t-bad", "cp1"]);
+    assert_ne!(r.code, Some(0), "a corrupt checkpoint was restored: {r:?}");
+    assert!(
+        r.stderr.contains("restoring the checkpoint"),
+        "the error must say what failed: {r:?}\n{}",
+        c.diagnostics()
+    );
+    let _ = c.ctr(&["task", "delete", "t-bad"]);
+    let _ = c.ctr(&["containers", "rm", "t-bad"]);
+    c.assert_clean(CLEAN);
+}

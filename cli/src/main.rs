@@ -3,12 +3,17 @@
 mod check;
 mod containerd_config;
 mod install;
+mod sandbox;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "burrow", version, about = "KVM microVM sandboxes for containerd")]
+#[command(
+    name = "burrow",
+    version,
+    about = "KVM microVM sandboxes for containerd"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -26,6 +31,30 @@ enum Command {
         #[arg(long)]
         source: Option<std::path::PathBuf>,
     },
+    /// Sandbox lifecycle: list, hibernate, wake (through each shim's
+    /// control socket).
+    Sandbox {
+        /// The shims' state directory (default: `state_dir` from the burrow
+        /// config, else /run/burrow).
+        #[arg(long, global = true)]
+        state_dir: Option<std::path::PathBuf>,
+        /// containerd namespace.
+        #[arg(long, short = 'n', default_value = "default", global = true)]
+        namespace: String,
+        #[command(subcommand)]
+        verb: SandboxVerb,
+    },
+}
+
+#[derive(Subcommand)]
+enum SandboxVerb {
+    /// List sandboxes and whether they are running or asleep.
+    Ls,
+    /// Snapshot the VM to disk and stop it; containerd still sees the task
+    /// running, and the next call that needs the guest wakes it.
+    Hibernate { id: String },
+    /// Restore a hibernated VM now.
+    Wake { id: String },
 }
 
 fn main() -> Result<()> {
@@ -47,6 +76,35 @@ fn main() -> Result<()> {
                 containerd_config::RUNTIME_TYPE,
                 containerd_config::HANDLER
             );
+            Ok(())
+        }
+        Command::Sandbox {
+            state_dir,
+            namespace,
+            verb,
+        } => {
+            let root = state_dir.unwrap_or_else(sandbox::state_dir_from_config);
+            // Snapshots of big VMs on slow disks take a while.
+            let timeout = std::time::Duration::from_secs(600);
+            match verb {
+                SandboxVerb::Ls => print!("{}", sandbox::ls(&root)),
+                SandboxVerb::Hibernate { id } => {
+                    let state = sandbox::command(
+                        &sandbox::sandbox_dir(&root, &namespace, &id)?,
+                        "hibernate",
+                        timeout,
+                    )?;
+                    println!("{id}: {state}");
+                }
+                SandboxVerb::Wake { id } => {
+                    let state = sandbox::command(
+                        &sandbox::sandbox_dir(&root, &namespace, &id)?,
+                        "wake",
+                        timeout,
+                    )?;
+                    println!("{id}: {state}");
+                }
+            }
             Ok(())
         }
     }

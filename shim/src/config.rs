@@ -11,6 +11,9 @@
 //! agent_timeout_secs = 30     # one agent call (not Wait)
 //! io_drain_secs = 5           # output drain after a process exits
 //! rootfs_slack_mib = 256      # free space in a built rootfs image
+//! snapshot_dir = "/var/lib/burrow/snapshots"  # hibernated VMs: <dir>/<ns>/<id>
+//! hibernate_idle_secs = 0      # hibernate after this long idle; 0 = never
+//!                              # (annotation io.burrow.hibernate_idle_secs)
 //!
 //! [vcpus]
 //! default = 1
@@ -85,6 +88,8 @@ pub struct Config {
     pub agent_timeout_secs: u64,
     pub io_drain_secs: u64,
     pub rootfs_slack_mib: u64,
+    pub snapshot_dir: PathBuf,
+    pub hibernate_idle_secs: u64,
     pub vcpus: Bounds<u32>,
     pub memory_mib: MemoryBounds,
 }
@@ -101,6 +106,8 @@ impl Default for Config {
             agent_timeout_secs: 30,
             io_drain_secs: 5,
             rootfs_slack_mib: 256,
+            snapshot_dir: PathBuf::from("/var/lib/burrow/snapshots"),
+            hibernate_idle_secs: 0,
             vcpus: Bounds::default(),
             memory_mib: MemoryBounds::default(),
         }

@@ -111,7 +111,7 @@ impl Shim for BurrowShim {
         let drain = cfg.as_ref().map_or(5, |c| c.io_drain_secs);
         let sandbox = VmSandbox::new(cfg.map_err(|e| e.to_string()), &self.namespace, &self.id);
         TaskService::with_io_drain(
-            Arc::new(sandbox),
+            sandbox,
             Arc::new(RemoteEvents::new(publisher, self.namespace.clone())),
             self.exit.clone(),
             std::time::Duration::from_secs(drain),

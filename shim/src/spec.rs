@@ -16,6 +16,8 @@ pub const CRI_SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
 /// Per-pod overrides of the VM's size (bounded by the config).
 pub const ANNOTATION_VCPUS: &str = "io.burrow.vcpus";
 pub const ANNOTATION_MEMORY_MIB: &str = "io.burrow.memory_mib";
+/// Hibernate the sandbox after this many seconds without activity (0: never).
+pub const ANNOTATION_HIBERNATE_IDLE: &str = "io.burrow.hibernate_idle_secs";
 
 #[derive(Debug, thiserror::Error)]
 pub enum SpecError {

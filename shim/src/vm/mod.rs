@@ -13,6 +13,7 @@
 //! memory hotplug).
 
 pub mod agent;
+pub mod hibernate;
 pub mod rootfs;
 pub mod snapshot;
 pub mod vmm;
@@ -64,6 +65,16 @@ pub struct VmSandbox {
     containers: std::sync::Mutex<HashMap<String, ContainerRes>>,
     /// Agent handle for calls that must not queue behind the VM lock.
     agent: std::sync::Mutex<Option<Agent>>,
+    /// Itself, for the tasks it spawns (idle timer, control socket).
+    me: std::sync::Weak<VmSandbox>,
+    /// Running, hibernating or asleep ([`hibernate`]).
+    phase: watch::Sender<hibernate::Phase>,
+    /// Last exec, stdio traffic or RPC (for hibernate-on-idle).
+    last_activity: std::sync::Mutex<std::time::Instant>,
+    /// Frozen by containerd's Pause (not hibernated then).
+    paused: std::sync::atomic::AtomicBool,
+    /// Where this sandbox's hibernation snapshot goes.
+    hibernate_dir: PathBuf,
 }
 
 /// The state directory of a sandbox.
@@ -110,19 +121,28 @@ impl VmSandbox {
         cfg: std::result::Result<Config, String>,
         namespace: &str,
         sandbox_id: &str,
-    ) -> Self {
+    ) -> std::sync::Arc<Self> {
         let cfg = cfg.map_err(|e| SandboxError::FailedPrecondition(format!("burrow config: {e}")));
         let root = cfg
             .as_ref()
             .map_or_else(|_| PathBuf::from("/run/burrow"), |c| c.state_dir.clone());
-        Self {
+        let snapshots = cfg.as_ref().map_or_else(
+            |_| PathBuf::from("/var/lib/burrow/snapshots"),
+            |c| c.snapshot_dir.clone(),
+        );
+        std::sync::Arc::new_cyclic(|me| Self {
             cfg,
             dir: state_dir(&root, namespace, sandbox_id),
             vm: Mutex::new(None),
             exited: std::sync::Mutex::new(None),
             containers: std::sync::Mutex::new(HashMap::new()),
             agent: std::sync::Mutex::new(None),
-        }
+            me: me.clone(),
+            phase: watch::channel(hibernate::Phase::Running(0)).0,
+            last_activity: std::sync::Mutex::new(std::time::Instant::now()),
+            paused: std::sync::atomic::AtomicBool::new(false),
+            hibernate_dir: state_dir(&snapshots, namespace, sandbox_id),
+        })
     }
 
     fn cfg(&self) -> Result<&Config> {
@@ -449,10 +469,17 @@ impl VmSandbox {
     }
 
     async fn checkpoint_inner(&self, dir: &Path) -> Result<()> {
+        self.wake().await?;
         let vm = self.vm.lock().await;
         let vm = vm
             .as_ref()
             .ok_or_else(|| SandboxError::FailedPrecondition("the VM is not running".into()))?;
+        self.write_snapshot(vm, dir, true).await
+    }
+
+    /// Snapshot the VM (left paused) into `dir` with a manifest, and a copy
+    /// of the rootfs disk if `copy_rootfs`.
+    async fn write_snapshot(&self, vm: &Vm, dir: &Path, copy_rootfs: bool) -> Result<()> {
         let (id, guest_id, rootfs, spec) = {
             let cs = self.containers.lock().unwrap_or_else(|p| p.into_inner());
             let (id, c) = cs.iter().next().ok_or_else(|| {
@@ -476,7 +503,9 @@ impl VmSandbox {
             )
             .await?;
         // The VM is paused now, so the disk matches the memory snapshot.
-        snapshot::copy_disk(&rootfs.disk, &dir.join(snapshot::ROOTFS)).await?;
+        if copy_rootfs {
+            snapshot::copy_disk(&rootfs.disk, &dir.join(snapshot::ROOTFS)).await?;
+        }
         snapshot::write_manifest(
             dir,
             &snapshot::Manifest {
@@ -514,6 +543,7 @@ impl VmSandbox {
 
     async fn stop_vm(&self) {
         let vm = self.vm.lock().await.take();
+        self.forget_hibernation();
         *self.agent.lock().unwrap_or_else(|p| p.into_inner()) = None;
         if let Some(mut vm) = vm {
             if vm.vmm.exit_reason().is_none() {
@@ -539,10 +569,14 @@ impl Sandbox for VmSandbox {
         let cfg = self.cfg()?.clone();
         let mut slot = self.vm.lock().await;
         let r = self.create_inner(&cfg, c, &mut slot).await;
-        if r.is_err() && slot.is_none() {
-            drop(slot);
-            self.drop_container_files(&c.id);
-            cleanup_state(&self.dir);
+        drop(slot);
+        match &r {
+            Ok(_) => self.started(&c.spec),
+            Err(_) if self.vm.lock().await.is_none() => {
+                self.drop_container_files(&c.id);
+                cleanup_state(&self.dir);
+            }
+            Err(_) => {}
         }
         r
     }
@@ -551,10 +585,14 @@ impl Sandbox for VmSandbox {
         let cfg = self.cfg()?.clone();
         let mut slot = self.vm.lock().await;
         let r = self.restore_inner(&cfg, c, dir, &mut slot).await;
-        if r.is_err() && slot.is_none() {
-            drop(slot);
-            self.drop_container_files(&c.id);
-            cleanup_state(&self.dir);
+        drop(slot);
+        match &r {
+            Ok(_) => self.started(&c.spec),
+            Err(_) if self.vm.lock().await.is_none() => {
+                self.drop_container_files(&c.id);
+                cleanup_state(&self.dir);
+            }
+            Err(_) => {}
         }
         r
     }
@@ -592,7 +630,10 @@ impl Sandbox for VmSandbox {
     }
 
     async fn start_container(&self, id: &str) -> Result<()> {
-        self.agent()?.start_container(&self.gid(id)).await
+        self.awake_agent()
+            .await?
+            .start_container(&self.gid(id))
+            .await
     }
 
     async fn delete_container(&self, id: &str) -> Result<()> {
@@ -618,25 +659,37 @@ impl Sandbox for VmSandbox {
     async fn exec_process(&self, id: &str, exec_id: &str, cfg: &ExecConfig) -> Result<u32> {
         let json = serde_json::to_vec(&cfg.process)
             .map_err(|e| SandboxError::InvalidArgument(format!("encoding the process: {e}")))?;
-        self.agent()?
+        self.awake_agent()
+            .await?
             .exec(&self.gid(id), exec_id, &json, cfg.stdin)
             .await
     }
 
     async fn delete_process(&self, id: &str, exec_id: &str) -> Result<()> {
-        self.agent()?.delete_process(&self.gid(id), exec_id).await
+        self.awake_agent()
+            .await?
+            .delete_process(&self.gid(id), exec_id)
+            .await
     }
 
     async fn signal(&self, id: &str, exec_id: &str, signal: u32, all: bool) -> Result<()> {
-        self.agent()?
+        self.awake_agent()
+            .await?
             .signal(&self.gid(id), exec_id, signal, all)
             .await
     }
 
     async fn wait(&self, id: &str, exec_id: &str) -> Result<ExitStatus> {
-        let agent = self.agent()?;
         let gid = self.gid(id);
-        self.unless_vm_exits(agent.wait(&gid, exec_id)).await
+        loop {
+            let (agent, generation) = self.agent_when_awake().await?;
+            match self.unless_vm_exits(agent.wait(&gid, exec_id)).await {
+                Err(e) if self.slept_since(generation) => {
+                    tracing::debug!("{id}/{exec_id}: wait interrupted by hibernation: {e}");
+                }
+                r => return r,
+            }
+        }
     }
 
     async fn read_output(
@@ -646,38 +699,61 @@ impl Sandbox for VmSandbox {
         stream: Stream,
         max: usize,
     ) -> Result<Chunk> {
-        let agent = self.agent()?;
         let gid = self.gid(id);
-        self.unless_vm_exits(agent.read(&gid, exec_id, stream, max))
-            .await
+        loop {
+            let (agent, generation) = self.agent_when_awake().await?;
+            match self
+                .unless_vm_exits(agent.read(&gid, exec_id, stream, max))
+                .await
+            {
+                Err(e) if self.slept_since(generation) => {
+                    tracing::debug!("{id}/{exec_id}: read interrupted by hibernation: {e}");
+                }
+                Ok(chunk) => {
+                    if !chunk.data.is_empty() {
+                        self.touch();
+                    }
+                    return Ok(chunk);
+                }
+                r => return r,
+            }
+        }
     }
 
     async fn write_stdin(&self, id: &str, exec_id: &str, data: &[u8]) -> Result<usize> {
-        self.agent()?
+        self.awake_agent()
+            .await?
             .write_stdin(&self.gid(id), exec_id, data)
             .await
     }
 
     async fn close_stdin(&self, id: &str, exec_id: &str) -> Result<()> {
-        self.agent()?.close_stdin(&self.gid(id), exec_id).await
+        self.awake_agent()
+            .await?
+            .close_stdin(&self.gid(id), exec_id)
+            .await
     }
 
     async fn resize_pty(&self, id: &str, exec_id: &str, rows: u32, cols: u32) -> Result<()> {
-        self.agent()?
+        self.awake_agent()
+            .await?
             .resize_pty(&self.gid(id), exec_id, rows, cols)
             .await
     }
 
     async fn processes(&self, id: &str) -> Result<Vec<ProcessEntry>> {
-        self.agent()?.processes(&self.gid(id)).await
+        self.awake_agent().await?.processes(&self.gid(id)).await
     }
 
     async fn pause(&self) -> Result<()> {
+        self.wake().await?;
         let vm = self.vm.lock().await;
         let vm = vm
             .as_ref()
             .ok_or_else(|| SandboxError::FailedPrecondition("the VM is not running".into()))?;
-        vm.vmm.command("pause").await.map(drop)
+        vm.vmm.command("pause").await?;
+        self.paused.store(true, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
     }
 
     async fn resume(&self) -> Result<()> {
@@ -685,10 +761,18 @@ impl Sandbox for VmSandbox {
         let vm = vm
             .as_ref()
             .ok_or_else(|| SandboxError::FailedPrecondition("the VM is not running".into()))?;
-        vm.vmm.command("resume").await.map(drop)
+        vm.vmm.command("resume").await?;
+        self.paused
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        self.touch();
+        Ok(())
     }
 
     async fn stats(&self) -> Result<SandboxStats> {
+        if self.is_asleep() {
+            // Hibernated: no process, no guest RAM on the host.
+            return Ok(SandboxStats::default());
+        }
         let vm = self.vm.lock().await;
         let vm = vm
             .as_ref()

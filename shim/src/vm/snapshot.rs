@@ -9,6 +9,10 @@
 //! <dir>/rootfs.img    copy of the container's writable disk at that instant
 //! ```
 //!
+//! A hibernation snapshot (`<snapshot_dir>/<namespace>/<sandbox id>/`) has
+//! the same layout without `rootfs.img`: the sandbox's disk stays in its
+//! state directory, untouched while the VM is stopped.
+//!
 //! The manifest is small JSON, read with a size bound and checked before
 //! anything is started.
 
@@ -63,6 +67,12 @@ pub fn write_manifest(dir: &Path, m: &Manifest) -> Result<()> {
 /// Read and check the manifest of checkpoint `dir`, and that the files it
 /// needs are there.
 pub fn read_manifest(dir: &Path) -> Result<Manifest> {
+    read_manifest_with(dir, true)
+}
+
+/// Like [`read_manifest`]; a hibernation snapshot has no `rootfs.img` (the
+/// sandbox's own disk stays where it is), so `with_rootfs` is false there.
+pub fn read_manifest_with(dir: &Path, with_rootfs: bool) -> Result<Manifest> {
     use std::io::Read;
     let bad = |why: String| {
         SandboxError::InvalidArgument(format!(
@@ -100,11 +110,11 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest> {
     if m.vcpus == 0 || m.memory_mib == 0 {
         return Err(bad("VM size is zero".into()));
     }
-    for f in [
-        vm_dir(dir).join("state"),
-        vm_dir(dir).join("memory"),
-        dir.join(ROOTFS),
-    ] {
+    let mut need = vec![vm_dir(dir).join("state"), vm_dir(dir).join("memory")];
+    if with_rootfs {
+        need.push(dir.join(ROOTFS));
+    }
+    for f in need {
         if !f.is_file() {
             return Err(bad(format!("{} is missing", f.display())));
         }

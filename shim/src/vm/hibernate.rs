@@ -1,0 +1,324 @@
+//! Hibernation: snapshot the VM to `<snapshot_dir>/<namespace>/<sandbox
+//! id>/`, stop burrow-vmm (no process, no guest RAM on the host) while
+//! containerd still sees the task running, and restore it transparently on
+//! the next call that needs the guest.
+//!
+//! - Calls that need the guest now (exec, kill, stdin, ps, pause,
+//!   checkpoint, tools) go through [`VmSandbox::awake_agent`], which wakes
+//!   the VM first.
+//! - Calls that block in the agent (Wait, stdout/stderr reads) do not wake
+//!   it: when hibernation stops the VMM under them they wait until the VM is
+//!   awake again and repeat the call.
+//! - Hibernate on idle: `hibernate_idle_secs` (config) or the annotation
+//!   `io.burrow.hibernate_idle_secs`; a timer hibernates after that long
+//!   with no exec, no stdio traffic and no RPC that reached the guest.
+//! - A control socket `<state dir>/control.sock` takes JSON lines
+//!   `{"cmd":"hibernate"|"wake"|"status"}` and answers
+//!   `{"ok":true,"state":"running"|"hibernating"|"asleep"}` or
+//!   `{"ok":false,"error":"..."}` (the `burrow sandbox` verbs use it).
+
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+
+use super::agent::Agent;
+use super::snapshot;
+use super::vmm::VmmArgs;
+use super::VmSandbox;
+use crate::sandbox::{Result, SandboxError};
+use crate::spec;
+
+/// The control socket's file name in the sandbox's state directory.
+pub const CONTROL_SOCKET: &str = "control.sock";
+/// Longest control request line.
+const MAX_REQUEST: u64 = 4096;
+
+/// Where the sandbox's VM is. The number counts hibernations, so a call
+/// interrupted by one can tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Running(u64),
+    Hibernating(u64),
+    Asleep(u64),
+}
+
+impl Phase {
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Running(_) => "running",
+            Phase::Hibernating(_) => "hibernating",
+            Phase::Asleep(_) => "asleep",
+        }
+    }
+    fn generation(self) -> u64 {
+        match self {
+            Phase::Running(g) | Phase::Hibernating(g) | Phase::Asleep(g) => g,
+        }
+    }
+}
+
+fn remove_dir(dir: &Path) {
+    if let Err(e) = std::fs::remove_dir_all(dir) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!("removing {}: {e}", dir.display());
+        }
+    }
+    if let Some(parent) = dir.parent() {
+        let _ = std::fs::remove_dir(parent);
+    }
+}
+
+impl VmSandbox {
+    /// Record activity (resets the idle timer).
+    pub(super) fn touch(&self) {
+        *self.last_activity.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+    }
+
+    fn idle_for(&self) -> Duration {
+        self.last_activity
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .elapsed()
+    }
+
+    pub(super) fn is_asleep(&self) -> bool {
+        !matches!(*self.phase.borrow(), Phase::Running(_))
+    }
+
+    /// Whether a call made at `generation` was interrupted by a hibernation.
+    pub(super) fn slept_since(&self, generation: u64) -> bool {
+        *self.phase.borrow() != Phase::Running(generation)
+    }
+
+    /// The agent, waking the VM first if it is hibernated.
+    pub(super) async fn awake_agent(&self) -> Result<Agent> {
+        self.touch();
+        self.wake().await?;
+        self.agent()
+    }
+
+    /// The agent once the VM is awake (does not wake it), with the
+    /// hibernation count it belongs to.
+    pub(super) async fn agent_when_awake(&self) -> Result<(Agent, u64)> {
+        let mut rx = self.phase.subscribe();
+        loop {
+            if let Phase::Running(g) = *rx.borrow_and_update() {
+                return self.agent().map(|a| (a, g));
+            }
+            rx.changed()
+                .await
+                .map_err(|_| SandboxError::Unavailable("the sandbox is gone".into()))?;
+        }
+    }
+
+    /// Drop a hibernation snapshot (the sandbox is being removed).
+    pub(super) fn forget_hibernation(&self) {
+        let g = self.phase.borrow().generation();
+        if !matches!(*self.phase.borrow(), Phase::Running(_)) {
+            // Wake anything waiting: the agent is gone, so it fails.
+            self.phase.send_replace(Phase::Running(g.saturating_add(1)));
+        }
+        remove_dir(&self.hibernate_dir);
+    }
+
+    /// Snapshot the VM and stop burrow-vmm. A no-op when already asleep.
+    pub async fn hibernate(&self) -> Result<()> {
+        if self.paused.load(Ordering::SeqCst) {
+            return Err(SandboxError::FailedPrecondition(
+                "the task is paused: resume it before hibernating".into(),
+            ));
+        }
+        let mut slot = self.vm.lock().await;
+        let generation = match *self.phase.borrow() {
+            Phase::Running(g) => g,
+            _ => return Ok(()),
+        };
+        let Some(vm) = slot.as_ref() else {
+            return Err(SandboxError::FailedPrecondition(
+                "the VM is not running".into(),
+            ));
+        };
+        let started = Instant::now();
+        self.phase.send_replace(Phase::Hibernating(generation));
+        let dir = self.hibernate_dir.clone();
+        // Never write over a memory file a restored VMM still maps.
+        remove_dir(&dir);
+        let written = match std::fs::create_dir_all(&dir) {
+            Ok(()) => self.write_snapshot(vm, &dir, false).await,
+            Err(e) => Err(SandboxError::Internal(format!(
+                "creating {}: {e}",
+                dir.display()
+            ))),
+        };
+        if let Err(e) = written {
+            if let Err(r) = vm.vmm.command("resume").await {
+                tracing::error!("resuming after a failed hibernation: {r}");
+            }
+            remove_dir(&dir);
+            self.phase.send_replace(Phase::Running(generation));
+            return Err(e);
+        }
+        *self.agent.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        if let Some(mut vm) = slot.take() {
+            if let Err(e) = vm.vmm.command("stop").await {
+                tracing::debug!("stopping the VM through its API: {e}");
+            }
+            let mut rx = vm.vmm.exited();
+            let _ =
+                tokio::time::timeout(Duration::from_secs(3), rx.wait_for(Option::is_some)).await;
+            vm.vmm.kill().await;
+        }
+        let _ = std::fs::remove_file(self.path("vmm.pid"));
+        self.phase.send_replace(Phase::Asleep(generation));
+        tracing::info!(
+            "hibernated to {} in {} ms",
+            dir.display(),
+            started.elapsed().as_millis()
+        );
+        Ok(())
+    }
+
+    /// Restore a hibernated VM and reconnect. A no-op when it runs.
+    pub async fn wake(&self) -> Result<()> {
+        if matches!(*self.phase.borrow(), Phase::Running(_)) {
+            return Ok(());
+        }
+        let mut slot = self.vm.lock().await;
+        let generation = match *self.phase.borrow() {
+            Phase::Asleep(g) => g,
+            _ => return Ok(()),
+        };
+        let started = Instant::now();
+        let cfg = self.cfg()?.clone();
+        let dir = self.hibernate_dir.clone();
+        let manifest = snapshot::read_manifest_with(&dir, false)?;
+        let disk = self
+            .containers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .next()
+            .map(|c| (c.rootfs.disk.clone(), c.rootfs.read_only))
+            .ok_or_else(|| {
+                SandboxError::FailedPrecondition("the sandbox has no container".into())
+            })?;
+        let args = VmmArgs {
+            binary: cfg.vmm_binary(),
+            kernel: cfg.kernel.clone(),
+            initrd: None,
+            cmdline: String::new(),
+            disks: vec![disk],
+            vsock: self.path("vsock.sock"),
+            api: self.path("api.sock"),
+            serial_log: self.path("console.log"),
+            vcpus: manifest.vcpus,
+            memory_mib: manifest.memory_mib,
+            restore: Some(snapshot::vm_dir(&dir)),
+        };
+        let mut vm = self.launch(&cfg, &args).await?;
+        if let Err(e) = self.after_restore(&vm.agent, &manifest.container_id).await {
+            vm.vmm.kill().await;
+            return Err(e);
+        }
+        let _ = std::fs::write(self.path("vmm.pid"), vm.vmm.pid.to_string());
+        *self.exited.lock().unwrap_or_else(|p| p.into_inner()) = Some(vm.vmm.exited());
+        *self.agent.lock().unwrap_or_else(|p| p.into_inner()) = Some(vm.agent.clone());
+        *slot = Some(vm);
+        // The new VMM has the memory file mapped (private): unlinking is safe.
+        remove_dir(&dir);
+        self.touch();
+        self.phase
+            .send_replace(Phase::Running(generation.saturating_add(1)));
+        tracing::info!(
+            "woke from hibernation in {} ms",
+            started.elapsed().as_millis()
+        );
+        Ok(())
+    }
+
+    /// After a container's VM is up: the control socket, and the idle timer
+    /// if the config or the spec asks for one.
+    pub(super) fn started(&self, container_spec: &serde_json::Value) {
+        self.touch();
+        let idle = spec::annotation(container_spec, spec::ANNOTATION_HIBERNATE_IDLE)
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .or_else(|| self.cfg().ok().map(|c| c.hibernate_idle_secs))
+            .unwrap_or(0);
+        let sock = self.path(CONTROL_SOCKET);
+        let _ = std::fs::remove_file(&sock);
+        match UnixListener::bind(&sock) {
+            Ok(l) => {
+                tokio::spawn(serve_control(self.me.clone(), l));
+            }
+            Err(e) => tracing::warn!("control socket {}: {e}", sock.display()),
+        }
+        if idle > 0 {
+            tracing::info!("hibernating after {idle}s idle");
+            tokio::spawn(idle_timer(self.me.clone(), Duration::from_secs(idle)));
+        }
+    }
+}
+
+async fn idle_timer(me: std::sync::Weak<VmSandbox>, idle: Duration) {
+    let tick = Duration::from_secs(1).min(idle);
+    loop {
+        tokio::time::sleep(tick).await;
+        let Some(sb) = me.upgrade() else { return };
+        let running = matches!(*sb.phase.borrow(), Phase::Running(_));
+        if running && sb.agent().is_err() {
+            return; // the VM was stopped for good
+        }
+        if running && !sb.paused.load(Ordering::SeqCst) && sb.idle_for() >= idle {
+            tracing::info!("idle for {}s: hibernating", idle.as_secs());
+            if let Err(e) = sb.hibernate().await {
+                tracing::warn!("hibernate on idle: {e}");
+                sb.touch();
+            }
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct Request {
+    cmd: String,
+}
+
+async fn serve_control(me: std::sync::Weak<VmSandbox>, l: UnixListener) {
+    loop {
+        let Ok((s, _)) = l.accept().await else { return };
+        let Some(sb) = me.upgrade() else { return };
+        tokio::spawn(async move {
+            if let Err(e) = handle_control(&sb, s).await {
+                tracing::debug!("control socket: {e}");
+            }
+        });
+    }
+}
+
+async fn handle_control(sb: &VmSandbox, s: UnixStream) -> std::io::Result<()> {
+    let (r, mut w) = s.into_split();
+    let mut line = String::new();
+    BufReader::new(r.take(MAX_REQUEST))
+        .read_line(&mut line)
+        .await?;
+    let result = match serde_json::from_str::<Request>(line.trim()) {
+        Err(e) => Err(format!("bad request: {e}")),
+        Ok(req) => match req.cmd.as_str() {
+            "hibernate" => sb.hibernate().await.map_err(|e| e.to_string()),
+            "wake" => sb.wake().await.map_err(|e| e.to_string()),
+            "status" => Ok(()),
+            other => Err(format!("unknown command {other:?}")),
+        },
+    };
+    let state = sb.phase.borrow().name();
+    let reply = match result {
+        Ok(()) => serde_json::json!({"ok": true, "state": state}),
+        Err(e) => serde_json::json!({"ok": false, "state": state, "error": e}),
+    };
+    w.write_all(format!("{reply}\n").as_bytes()).await?;
+    w.shutdown().await
+}

@@ -97,10 +97,11 @@ impl Containerd {
         std::fs::write(
             &burrow_config,
             format!(
-                "kernel = {:?}\ninitrd = {:?}\nstate_dir = {:?}\n{extra_config}\n",
+                "kernel = {:?}\ninitrd = {:?}\nstate_dir = {:?}\nsnapshot_dir = {:?}\n{extra_config}\n",
                 kernel.display().to_string(),
                 initrd.display().to_string(),
                 dir.join("burrow").display().to_string(),
+                dir.join("snapshots").display().to_string(),
             ),
         )
         .expect("write burrow config");
@@ -221,6 +222,26 @@ impl Containerd {
         self.dir.join("burrow")
     }
 
+    /// burrow's hibernation snapshots for this containerd.
+    pub fn snapshot_dir(&self) -> PathBuf {
+        self.dir.join("snapshots")
+    }
+
+    /// Run the `burrow` CLI with this containerd's burrow config.
+    pub fn burrow(&self, args: &[&str]) -> Run {
+        let start = Instant::now();
+        let child = Command::new(crate::workspace_bin("burrow"))
+            .args(args)
+            .env("BURROW_CONFIG", self.dir.join("burrow.toml"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run burrow");
+        let (out, killed) = wait_output(child, Duration::from_secs(600));
+        Run::from(out, start.elapsed(), killed)
+    }
+
     /// Task status as `ctr task ls` prints it (RUNNING, PAUSED, STOPPED...).
     pub fn task_status(&self, id: &str) -> Option<String> {
         let r = self.ctr(&["task", "ls"]);
@@ -268,9 +289,11 @@ impl Containerd {
                 left.push(format!("process {}: {cmdline}", entry.file_name().to_string_lossy()));
             }
         }
-        if state.exists() {
-            for f in walk(&state) {
-                left.push(format!("file {}", f.display()));
+        for d in [&state, &self.snapshot_dir()] {
+            if d.exists() {
+                for f in walk(d) {
+                    left.push(format!("file {}", f.display()));
+                }
             }
         }
         let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();

@@ -24,24 +24,39 @@ const WORKLOAD: &str = "sleep 100000 & \
     i=0; while true; do i=$((i+1)); echo $i > /tmp/counter; sleep 1; done";
 
 fn containerd(name: &str) -> Containerd {
-    Containerd::start(name, "agent_timeout_secs = 30\n[memory_mib]\ndefault = 128\n")
+    Containerd::start(
+        name,
+        "agent_timeout_secs = 30\n[memory_mib]\ndefault = 128\n",
+    )
 }
 
 fn exec(c: &Containerd, id: &str, exec_id: &str, cmd: &[&str]) -> String {
     let mut args = vec!["task", "exec", "--exec-id", exec_id, id];
     args.extend_from_slice(cmd);
     let r = c.ctr(&args);
-    assert_eq!(r.code, Some(0), "exec {cmd:?} in {id}: {r:?}\n{}", c.diagnostics());
+    assert_eq!(
+        r.code,
+        Some(0),
+        "exec {cmd:?} in {id}: {r:?}\n{}",
+        c.diagnostics()
+    );
     r.stdout
 }
 
 fn counter(c: &Containerd, id: &str, exec_id: &str) -> u64 {
     let out = exec(c, id, exec_id, &["cat", "/tmp/counter"]);
-    out.trim().parse().unwrap_or_else(|e| panic!("counter in {id}: {out:?}: {e}"))
+    out.trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("counter in {id}: {out:?}: {e}"))
 }
 
 fn received_lines(c: &Containerd, id: &str, exec_id: &str) -> usize {
-    let out = exec(c, id, exec_id, &["sh", "-c", "cat /tmp/received 2>/dev/null; true"]);
+    let out = exec(
+        c,
+        id,
+        exec_id,
+        &["sh", "-c", "cat /tmp/received 2>/dev/null; true"],
+    );
     out.lines().filter(|l| l.starts_with("tick")).count()
 }
 
@@ -92,25 +107,39 @@ fn corrupt_checkpoint_blob(root: &Path) {
             return;
         }
     }
-    panic!("no checkpoint blob with a burrow VM state in {}", root.display());
+    panic!(
+        "no checkpoint blob with a burrow VM state in {}",
+        root.display()
+    );
 }
 
 #[test]
 fn checkpoint_then_restore_continues_the_process_tree_three_times_and_refuses_a_corrupt_one() {
     let c = containerd("snap");
-    let r = c.ctr(&Containerd::run_args(&["-d"], "t-src", &["sh", "-c", WORKLOAD]));
+    let r = c.ctr(&Containerd::run_args(
+        &["-d"],
+        "t-src",
+        &["sh", "-c", WORKLOAD],
+    ));
     assert_eq!(r.code, Some(0), "{r:?}\n{}", c.diagnostics());
     c.wait_status("t-src", "RUNNING", LONG);
     let start = Instant::now();
     let mut n = 0;
     while n < 3 {
-        assert!(start.elapsed() < LONG, "the counter does not count\n{}", c.diagnostics());
+        assert!(
+            start.elapsed() < LONG,
+            "the counter does not count\n{}",
+            c.diagnostics()
+        );
         std::thread::sleep(Duration::from_secs(1));
         n = counter(&c, "t-src", &format!("c{}", start.elapsed().as_millis()));
     }
     let tcp_before = received_lines(&c, "t-src", "rx0");
     let procs = long_lived(&c, "t-src", "ps0");
-    assert!(procs.iter().any(|l| l.contains("sleep 100000")), "{procs:?}");
+    assert!(
+        procs.iter().any(|l| l.contains("sleep 100000")),
+        "{procs:?}"
+    );
     let before = counter(&c, "t-src", "c-before");
 
     let cp = c.ctr(&["containers", "checkpoint", "--task", "t-src", "cp1"]);
@@ -127,29 +156,52 @@ fn checkpoint_then_restore_continues_the_process_tree_three_times_and_refuses_a_
         assert_eq!(r.code, Some(0), "restore {id}: {r:?}\n{}", c.diagnostics());
         c.wait_status(id, "RUNNING", LONG);
         let got = counter(&c, id, "r-c1");
-        assert!(got >= before, "{id}: the counter restarted: {got} < {before}");
-        assert_eq!(long_lived(&c, id, "r-ps"), procs, "{id}: different processes after restore");
+        assert!(
+            got >= before,
+            "{id}: the counter restarted: {got} < {before}"
+        );
+        assert_eq!(
+            long_lived(&c, id, "r-ps"),
+            procs,
+            "{id}: different processes after restore"
+        );
         // The counter keeps counting.
         let t = Instant::now();
         while counter(&c, id, &format!("r-c{}", t.elapsed().as_millis())) <= got {
-            assert!(t.elapsed() < LONG, "{id}: the counter stopped\n{}", c.diagnostics());
+            assert!(
+                t.elapsed() < LONG,
+                "{id}: the counter stopped\n{}",
+                c.diagnostics()
+            );
             std::thread::sleep(Duration::from_secs(1));
         }
         // The clock was stepped to the host's time.
-        let guest: i64 = exec(&c, id, "r-date", &["date", "+%s"]).trim().parse().unwrap();
+        let guest: i64 = exec(&c, id, "r-date", &["date", "+%s"])
+            .trim()
+            .parse()
+            .unwrap();
         let host = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .as_secs() as i64;
-        assert!((guest - host).abs() < 120, "{id}: guest clock {guest}, host {host}");
+        assert!(
+            (guest - host).abs() < 120,
+            "{id}: guest clock {guest}, host {host}"
+        );
         if i == 0 {
             let rx = received_lines(&c, id, "r-rx1");
             if tcp_before == 0 {
-                eprintln!("note: busybox nc made no loopback connection; TCP continuity not checked");
+                eprintln!(
+                    "note: busybox nc made no loopback connection; TCP continuity not checked"
+                );
             } else {
                 let t = Instant::now();
                 while received_lines(&c, id, &format!("r-rx{}", t.elapsed().as_millis())) <= rx {
-                    assert!(t.elapsed() < LONG, "{id}: the loopback TCP connection died\n{}", c.diagnostics());
+                    assert!(
+                        t.elapsed() < LONG,
+                        "{id}: the loopback TCP connection died\n{}",
+                        c.diagnostics()
+                    );
                     std::thread::sleep(Duration::from_secs(1));
                 }
             }
@@ -171,5 +223,110 @@ fn checkpoint_then_restore_continues_the_process_tree_three_times_and_refuses_a_
     );
     let _ = c.ctr(&["task", "delete", "t-bad"]);
     let _ = c.ctr(&["containers", "rm", "t-bad"]);
+    c.assert_clean(CLEAN);
+}
+
+/// burrow-vmm processes serving sandbox `id` of this containerd.
+fn vmm_processes(c: &Containerd, id: &str) -> Vec<String> {
+    let marker = c
+        .burrow_state()
+        .join("default")
+        .join(id)
+        .display()
+        .to_string();
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            (cmdline.contains("burrow-vmm") && cmdline.contains(&marker)).then_some(cmdline)
+        })
+        .collect()
+}
+
+fn sandbox_state(c: &Containerd, id: &str) -> String {
+    let state_dir = c.burrow_state().display().to_string();
+    let r = c.burrow(&["sandbox", "ls", "--state-dir", &state_dir]);
+    assert_eq!(r.code, Some(0), "burrow sandbox ls: {r:?}");
+    r.stdout
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.get(1) == Some(&id)).then(|| f.get(2).map(|s| s.to_string()).unwrap_or_default())
+        })
+        .unwrap_or_default()
+}
+
+const COUNTER: &str =
+    "sleep 100000 & i=0; while true; do i=$((i+1)); echo $i > /tmp/counter; sleep 1; done";
+
+#[test]
+fn hibernate_stops_the_vmm_and_the_next_call_wakes_it_transparently() {
+    let c = containerd("hib");
+    let state_dir = c.burrow_state().display().to_string();
+    let r = c.ctr(&Containerd::run_args(
+        &["-d"],
+        "t-hib",
+        &["sh", "-c", COUNTER],
+    ));
+    assert_eq!(r.code, Some(0), "{r:?}\n{}", c.diagnostics());
+    c.wait_status("t-hib", "RUNNING", LONG);
+    while counter(&c, "t-hib", "h-c0") < 2 {
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let procs = long_lived(&c, "t-hib", "h-ps0");
+    let before = counter(&c, "t-hib", "h-c1");
+    assert_eq!(sandbox_state(&c, "t-hib"), "running");
+
+    let h = c.burrow(&["sandbox", "hibernate", "--state-dir", &state_dir, "t-hib"]);
+    assert_eq!(h.code, Some(0), "hibernate: {h:?}\n{}", c.diagnostics());
+    assert!(h.stdout.contains("asleep"), "{h:?}");
+    assert!(
+        vmm_processes(&c, "t-hib").is_empty(),
+        "burrow-vmm still runs while asleep"
+    );
+    assert!(c.snapshot_dir().join("default/t-hib/burrow.json").is_file());
+    assert_eq!(sandbox_state(&c, "t-hib"), "asleep");
+    assert_eq!(
+        c.task_status("t-hib").as_deref(),
+        Some("RUNNING"),
+        "containerd must not notice"
+    );
+
+    // The next exec wakes it: same processes, the counter continues.
+    let got = counter(&c, "t-hib", "h-c2");
+    assert!(got >= before, "the counter restarted: {got} < {before}");
+    assert_eq!(sandbox_state(&c, "t-hib"), "running");
+    assert_eq!(vmm_processes(&c, "t-hib").len(), 1);
+    assert_eq!(long_lived(&c, "t-hib", "h-ps1"), procs);
+    assert!(
+        !c.snapshot_dir().join("default/t-hib").exists(),
+        "the snapshot is dropped after waking"
+    );
+    remove(&c, "t-hib");
+    c.assert_clean(CLEAN);
+
+    // Hibernate on idle (annotation), woken by kill; a clean delete.
+    let r = c.ctr(&Containerd::run_args(
+        &["-d", "--annotation", "io.burrow.hibernate_idle_secs=5"],
+        "t-idle",
+        &["sh", "-c", COUNTER],
+    ));
+    assert_eq!(r.code, Some(0), "{r:?}\n{}", c.diagnostics());
+    c.wait_status("t-idle", "RUNNING", LONG);
+    let t = Instant::now();
+    while sandbox_state(&c, "t-idle") != "asleep" {
+        assert!(
+            t.elapsed() < LONG,
+            "t-idle never hibernated\n{}",
+            c.diagnostics()
+        );
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    assert!(vmm_processes(&c, "t-idle").is_empty());
+    assert_eq!(c.task_status("t-idle").as_deref(), Some("RUNNING"));
+    remove(&c, "t-idle");
     c.assert_clean(CLEAN);
 }

@@ -44,10 +44,18 @@ fn exec(c: &Containerd, id: &str, exec_id: &str, cmd: &[&str]) -> String {
 }
 
 fn counter(c: &Containerd, id: &str, exec_id: &str) -> u64 {
-    let out = exec(c, id, exec_id, &["cat", "/tmp/counter"]);
-    out.trim()
-        .parse()
-        .unwrap_or_else(|e| panic!("counter in {id}: {out:?}: {e}"))
+    // `echo $i > /tmp/counter` truncates before it writes: a read can land
+    // in between and see an empty file, so an empty read is repeated.
+    for attempt in 0..5 {
+        let out = exec(c, id, &format!("{exec_id}-{attempt}"), &["cat", "/tmp/counter"]);
+        if out.trim().is_empty() {
+            eprintln!("note: {id}: /tmp/counter read empty (attempt {attempt})");
+            std::thread::sleep(Duration::from_millis(300));
+            continue;
+        }
+        return out.trim().parse().unwrap_or_else(|e| panic!("counter in {id}: {out:?}: {e}"));
+    }
+    panic!("counter in {id}: empty five times\n{}", c.diagnostics());
 }
 
 fn received_lines(c: &Containerd, id: &str, exec_id: &str) -> usize {

@@ -76,10 +76,11 @@ impl Shim for BurrowShim {
     async fn delete_shim(&mut self) -> Result<api::DeleteResponse, Error> {
         let bundle = Path::new(".");
         vm::rootfs::unmount(&bundle.join("rootfs"));
-        let root = Config::load().map(|c| c.state_dir).unwrap_or_else(|e| {
-            tracing::warn!("{e}; cleaning up under the default state directory");
-            Config::default().state_dir
+        let cfg = Config::load().unwrap_or_else(|e| {
+            tracing::warn!("{e}; cleaning up under the default directories");
+            Config::default()
         });
+        let root = cfg.state_dir.clone();
         if crate::task::validate_id("container id", &self.id).is_ok()
             && !self.namespace.contains('/')
         {
@@ -87,6 +88,9 @@ impl Shim for BurrowShim {
             let dir = vm::state_dir(&root, &self.namespace, &group);
             if group == self.id {
                 vm::cleanup_state(&dir);
+                // A hibernation snapshot the crashed shim left.
+                let snap = vm::state_dir(&cfg.snapshot_dir, &self.namespace, &group);
+                let _ = std::fs::remove_dir_all(&snap);
             } else {
                 let _ = std::fs::remove_file(dir.join(format!("{}.rootfs.img", self.id)));
             }

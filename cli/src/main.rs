@@ -9,11 +9,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(
-    name = "burrow",
-    version,
-    about = "KVM microVM sandboxes for containerd"
-)]
+#[command(name = "burrow", version, about = "KVM microVM sandboxes for containerd")]
 struct Cli {
     #[command(subcommand)]
     command: Command,

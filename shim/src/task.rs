@@ -21,8 +21,8 @@ use containerd_shim::api;
 use containerd_shim::asynchronous::ExitSignal;
 use containerd_shim::protos::cgroups_v2::metrics as v2;
 use containerd_shim::protos::events::task::{
-    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO, TaskPaused,
-    TaskResumed, TaskStart,
+    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO, TaskOOM,
+    TaskPaused, TaskResumed, TaskStart,
 };
 use containerd_shim::protos::protobuf::well_known_types::any::Any;
 use containerd_shim::protos::protobuf::well_known_types::timestamp::Timestamp;
@@ -292,6 +292,31 @@ impl TaskService {
         (pumps, stdin_close)
     }
 
+    /// Publish containerd's TaskOOM for container `id` each time the
+    /// sandbox's OOM killer strikes, until the container is gone or the
+    /// sandbox is.
+    fn spawn_oom_watcher(&self, id: String) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            let mut seen = 0;
+            while let Ok(kills) = this.inner.sandbox.wait_oom(seen).await {
+                if !this.lock().containers.contains_key(&id) {
+                    break;
+                }
+                tracing::warn!("{id}: the guest's OOM killer killed a process ({kills} so far)");
+                send(
+                    this.inner.events.as_ref(),
+                    TaskOOM {
+                        container_id: id.clone(),
+                        ..Default::default()
+                    },
+                )
+                .await;
+                seen = kills;
+            }
+        });
+    }
+
     fn spawn_waiter(&self, id: String, exec_id: String) {
         let this = self.clone();
         tokio::spawn(async move {
@@ -512,6 +537,7 @@ impl TaskService {
         }
         self.spawn_waiter(req.id.clone(), req.exec_id.clone());
         if req.exec_id.is_empty() {
+            self.spawn_oom_watcher(req.id.clone());
             send(
                 self.inner.events.as_ref(),
                 TaskStart {

@@ -417,6 +417,11 @@ impl Sandbox for VmSandbox {
             .await
     }
 
+    async fn wait_oom(&self, seen: u64) -> Result<u64> {
+        let agent = self.agent()?;
+        self.unless_vm_exits(agent.wait_oom_kill(seen)).await
+    }
+
     async fn write_stdin(&self, id: &str, exec_id: &str, data: &[u8]) -> Result<usize> {
         self.agent()?.write_stdin(id, exec_id, data).await
     }

@@ -135,6 +135,8 @@ struct Inner {
     exit: Arc<ExitSignal>,
     state: Mutex<State>,
     io_drain: Duration,
+    /// Guest OOM kills already published as TaskOOM.
+    oom_seen: std::sync::atomic::AtomicU64,
 }
 
 /// The task service containerd talks to. Cheap to clone.
@@ -235,6 +237,7 @@ impl TaskService {
                 exit,
                 state: Mutex::new(State::default()),
                 io_drain,
+                oom_seen: std::sync::atomic::AtomicU64::new(0),
             }),
         }
     }
@@ -292,27 +295,44 @@ impl TaskService {
         (pumps, stdin_close)
     }
 
-    /// Publish containerd's TaskOOM for container `id` each time the
-    /// sandbox's OOM killer strikes, until the container is gone or the
-    /// sandbox is.
+    /// Publish containerd's TaskOOM for container `id` if the guest's OOM
+    /// kill count `kills` is news.
+    async fn note_oom(&self, id: &str, kills: u64) {
+        let before = self
+            .inner
+            .oom_seen
+            .fetch_max(kills, std::sync::atomic::Ordering::SeqCst);
+        if kills > before {
+            tracing::warn!("{id}: the guest's OOM killer killed a process ({kills} so far)");
+            send(
+                self.inner.events.as_ref(),
+                TaskOOM {
+                    container_id: id.to_string(),
+                    ..Default::default()
+                },
+            )
+            .await;
+        }
+    }
+
+    fn oom_seen(&self) -> u64 {
+        self.inner.oom_seen.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Publish TaskOOM for container `id` each time the sandbox's OOM
+    /// killer strikes, until the sandbox is gone.
     fn spawn_oom_watcher(&self, id: String) {
         let this = self.clone();
         tokio::spawn(async move {
-            let mut seen = 0;
-            while let Ok(kills) = this.inner.sandbox.wait_oom(seen).await {
-                if !this.lock().containers.contains_key(&id) {
-                    break;
+            tracing::info!("{id}: watching the guest's OOM kills");
+            loop {
+                match this.inner.sandbox.wait_oom(this.oom_seen()).await {
+                    Ok(kills) => this.note_oom(&id, kills).await,
+                    Err(e) => {
+                        tracing::info!("{id}: no more OOM events: {e}");
+                        break;
+                    }
                 }
-                tracing::warn!("{id}: the guest's OOM killer killed a process ({kills} so far)");
-                send(
-                    this.inner.events.as_ref(),
-                    TaskOOM {
-                        container_id: id.clone(),
-                        ..Default::default()
-                    },
-                )
-                .await;
-                seen = kills;
             }
         });
     }
@@ -327,6 +347,15 @@ impl TaskService {
                     255
                 }
             };
+            // A SIGKILL may be the OOM killer's: containerd learns of the
+            // OOM before the exit, as with runc. The guest counts the kill
+            // before the process is gone, so this answers at once if so.
+            if status == 128 + 9 {
+                let check = this.inner.sandbox.wait_oom(this.oom_seen());
+                if let Ok(Ok(kills)) = tokio::time::timeout(Duration::from_secs(1), check).await {
+                    this.note_oom(&id, kills).await;
+                }
+            }
             this.process_exited(&id, &exec_id, status).await;
         });
     }

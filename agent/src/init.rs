@@ -24,6 +24,17 @@ fn mount_fs(
     }
 }
 
+/// How many processes the kernel's OOM killer has killed since boot.
+pub fn oom_kills() -> Result<u64> {
+    let vmstat = std::fs::read_to_string("/proc/vmstat")
+        .map_err(|e| AgentError::io("read /proc/vmstat", e))?;
+    Ok(vmstat
+        .lines()
+        .find_map(|l| l.strip_prefix("oom_kill "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0))
+}
+
 /// Set up the guest as PID 1: the kernel file systems, a console on
 /// stdio, and a root that `pivot_root` accepts.
 pub fn setup_pid1() -> anyhow::Result<()> {
@@ -57,6 +68,11 @@ pub fn setup_pid1() -> anyhow::Result<()> {
     )?;
     console_on_stdio();
     mount_fs("proc", "/proc", "proc", nosuid, None)?;
+    // The OOM killer must take a container's process, never the agent:
+    // without PID 1 the VM is gone. Children set their own value (spawn).
+    if let Err(e) = std::fs::write("/proc/self/oom_score_adj", "-1000") {
+        tracing::warn!("cannot protect the agent from the OOM killer: {e}");
+    }
     mount_fs("sysfs", "/sys", "sysfs", nosuid, None)?;
     mount_fs(
         "devpts",

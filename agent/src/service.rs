@@ -324,6 +324,22 @@ impl burrow_protocol::Agent for AgentService {
         Ok(r)
     }
 
+    async fn wait_oom_kill(
+        &self,
+        _ctx: &TtrpcContext,
+        req: WaitOomKillRequest,
+    ) -> TResult<WaitOomKillResponse> {
+        loop {
+            let kills = crate::init::oom_kills()?;
+            if kills > req.seen {
+                let mut r = WaitOomKillResponse::new();
+                r.kills = kills;
+                return Ok(r);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        }
+    }
+
     async fn set_time(&self, _ctx: &TtrpcContext, req: SetTimeRequest) -> TResult<Empty> {
         self.require_pid1("setting the clock")?;
         crate::init::set_time(req.unix_seconds, req.nanos)?;

@@ -104,6 +104,9 @@ pub struct ChildPlan {
     /// Extra fds the program inherits as fds 3, 4, ... in this order (e.g.
     /// chromium's `--remote-debugging-pipe` pair); at most [`MAX_PASS_FDS`].
     pub pass_fds: Vec<OwnedFd>,
+    /// Written to /proc/self/oom_score_adj first thing (the agent itself
+    /// runs at -1000, which children must not inherit).
+    pub oom_score_adj: CString,
 }
 
 /// Most extra fds a child may inherit.
@@ -510,6 +513,12 @@ unsafe fn child_main(
                 libc::signal(sig, libc::SIG_DFL);
             }
         }
+        let adj = libc::open(c"/proc/self/oom_score_adj".as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if adj >= 0 {
+            let v = plan.oom_score_adj.as_bytes();
+            libc::write(adj, v.as_ptr().cast(), v.len());
+            libc::close(adj);
+        }
         if libc::setsid() < 0 {
             fail(status, "setsid", errno());
         }
@@ -787,6 +796,7 @@ mod tests {
             last_cap: 40,
             terminal: false,
             pass_fds: vec![a_w, b_w],
+            oom_score_adj: cstrings(&["0"]).remove(0),
         };
         let stdio = ChildStdio {
             stdin: null(nix::fcntl::OFlag::O_RDONLY),

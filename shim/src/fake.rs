@@ -34,6 +34,7 @@ struct St {
     paused: bool,
     dead: bool,
     shutdown: bool,
+    oom_kills: u64,
     calls: Vec<String>,
 }
 
@@ -63,6 +64,12 @@ impl FakeSandbox {
     /// Simulate the VM dying (kill -9 of the VMM).
     pub fn crash(&self) {
         self.lock().dead = true;
+        self.changed.notify_waiters();
+    }
+
+    /// Simulate the guest's OOM killer killing a process.
+    pub fn oom_kill(&self) {
+        self.lock().oom_kills += 1;
         self.changed.notify_waiters();
     }
 
@@ -319,6 +326,22 @@ impl Sandbox for FakeSandbox {
             memory_limit_bytes: 1 << 29,
             pids: 1,
         })
+    }
+
+    async fn wait_oom(&self, seen: u64) -> Result<u64> {
+        loop {
+            let notified = self.changed.notified();
+            {
+                let st = self.lock();
+                if st.dead || st.shutdown {
+                    return Err(SandboxError::Unavailable("the fake VM is gone".into()));
+                }
+                if st.oom_kills > seen {
+                    return Ok(st.oom_kills);
+                }
+            }
+            notified.await;
+        }
     }
 
     async fn shutdown(&self) -> Result<()> {

@@ -160,6 +160,9 @@ pub trait Sandbox: Send + Sync + 'static {
     async fn resize_pty(&self, id: &str, exec_id: &str, rows: u32, cols: u32) -> Result<()>;
     /// The processes of a container.
     async fn processes(&self, id: &str) -> Result<Vec<ProcessEntry>>;
+    /// Wait until the sandbox's OOM killer has killed more than `seen`
+    /// processes in all; returns that total. Fails when the sandbox dies.
+    async fn wait_oom(&self, seen: u64) -> Result<u64>;
     /// Freeze the whole sandbox (all vCPUs).
     async fn pause(&self) -> Result<()>;
     /// Thaw it.

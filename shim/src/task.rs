@@ -21,8 +21,8 @@ use containerd_shim::api;
 use containerd_shim::asynchronous::ExitSignal;
 use containerd_shim::protos::cgroups_v2::metrics as v2;
 use containerd_shim::protos::events::task::{
-    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO, TaskPaused,
-    TaskResumed, TaskStart,
+    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO, TaskOOM,
+    TaskPaused, TaskResumed, TaskStart,
 };
 use containerd_shim::protos::protobuf::well_known_types::any::Any;
 use containerd_shim::protos::protobuf::well_known_types::timestamp::Timestamp;
@@ -141,6 +141,8 @@ struct Inner {
     exit: Arc<ExitSignal>,
     state: Mutex<State>,
     io_drain: Duration,
+    /// Guest OOM kills already published as TaskOOM.
+    oom_seen: std::sync::atomic::AtomicU64,
 }
 
 /// The task service containerd talks to. Cheap to clone.
@@ -253,6 +255,7 @@ impl TaskService {
                 exit,
                 state: Mutex::new(State::default()),
                 io_drain,
+                oom_seen: std::sync::atomic::AtomicU64::new(0),
             }),
         }
     }
@@ -310,6 +313,48 @@ impl TaskService {
         (pumps, stdin_close)
     }
 
+    /// Publish containerd's TaskOOM for container `id` if the guest's OOM
+    /// kill count `kills` is news.
+    async fn note_oom(&self, id: &str, kills: u64) {
+        let before = self
+            .inner
+            .oom_seen
+            .fetch_max(kills, std::sync::atomic::Ordering::SeqCst);
+        if kills > before {
+            tracing::warn!("{id}: the guest's OOM killer killed a process ({kills} so far)");
+            send(
+                self.inner.events.as_ref(),
+                TaskOOM {
+                    container_id: id.to_string(),
+                    ..Default::default()
+                },
+            )
+            .await;
+        }
+    }
+
+    fn oom_seen(&self) -> u64 {
+        self.inner.oom_seen.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Publish TaskOOM for container `id` each time the sandbox's OOM
+    /// killer strikes, until the sandbox is gone.
+    fn spawn_oom_watcher(&self, id: String) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            tracing::info!("{id}: watching the guest's OOM kills");
+            loop {
+                match this.inner.sandbox.wait_oom(this.oom_seen()).await {
+                    Ok(kills) => this.note_oom(&id, kills).await,
+                    Err(e) => {
+                        tracing::info!("{id}: no more OOM events: {e}");
+                        break;
+                    }
+                }
+            }
+        });
+    }
+
     fn spawn_waiter(&self, id: String, exec_id: String) {
         let this = self.clone();
         tokio::spawn(async move {
@@ -320,6 +365,15 @@ impl TaskService {
                     255
                 }
             };
+            // A SIGKILL may be the OOM killer's: containerd learns of the
+            // OOM before the exit, as with runc. The guest counts the kill
+            // before the process is gone, so this answers at once if so.
+            if status == 128 + 9 {
+                let check = this.inner.sandbox.wait_oom(this.oom_seen());
+                if let Ok(Ok(kills)) = tokio::time::timeout(Duration::from_secs(1), check).await {
+                    this.note_oom(&id, kills).await;
+                }
+            }
             this.process_exited(&id, &exec_id, status).await;
         });
     }
@@ -543,6 +597,7 @@ impl TaskService {
         }
         self.spawn_waiter(req.id.clone(), req.exec_id.clone());
         if req.exec_id.is_empty() {
+            self.spawn_oom_watcher(req.id.clone());
             send(
                 self.inner.events.as_ref(),
                 TaskStart {

@@ -530,6 +530,26 @@ async fn pause_and_resume() {
 }
 
 #[tokio::test]
+async fn guest_oom_kills_become_task_oom_events() {
+    let h = H::new();
+    h.create("c", &["sleep"], "", "", false)
+        .await
+        .expect("create");
+    h.start("c", "").await.expect("start");
+    let ooms = || h.ev.topics().iter().filter(|t| *t == "/tasks/oom").count();
+    for n in 1..=2 {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        h.sb.oom_kill();
+        let start = std::time::Instant::now();
+        while ooms() < n {
+            assert!(start.elapsed() < std::time::Duration::from_secs(5), "no /tasks/oom event");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+    assert_eq!(ooms(), 2);
+}
+
+#[tokio::test]
 async fn sandbox_crash_reports_exit_and_delete_cleans_up() {
     let h = H::new();
     h.create("c", &["sleep"], "", "", false)

@@ -15,7 +15,12 @@ const LONG: Duration = Duration::from_secs(900);
 const CLEAN: Duration = Duration::from_secs(60);
 
 fn containerd(name: &str) -> Containerd {
-    Containerd::start(name, "agent_timeout_secs = 15\n[memory_mib]\ndefault = 256\n")
+    // Generous timeouts: guests boot slowly in the nested test host, most
+    // of all five at once.
+    Containerd::start(
+        name,
+        "agent_timeout_secs = 60\nboot_timeout_secs = 900\n[memory_mib]\ndefault = 256\n",
+    )
 }
 
 fn run<'a>(flags: &[&'a str], id: &'a str, cmd: &[&'a str]) -> Vec<&'a str> {
@@ -140,6 +145,32 @@ fn five_containers_at_once() {
         assert_eq!(out.status.code(), Some(0), "{id}: {out:?}\n{}", c.diagnostics());
         assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("hello {id}"));
     }
+    c.assert_clean(CLEAN);
+}
+
+#[test]
+fn an_oom_kill_in_the_guest_is_a_task_oom_event() {
+    let c = containerd("oom");
+    let mut events = c.spawn_ctr(&["events"]);
+    // A child shell doubles a string until the 256 MiB guest runs out of
+    // memory; the OOM killer takes it (the biggest), init reports.
+    let r = c.ctr(&run(
+        &["--rm"],
+        "t-oom",
+        &["sh", "-c", "sh -c 'a=0123456789abcdef; while :; do a=$a$a; done'; echo child:$?; grep oom_kill /proc/vmstat; sleep 3"],
+    ));
+    assert_eq!(r.code, Some(0), "{r:?}\n{}", c.diagnostics());
+    assert!(r.stdout.contains("child:137"), "the OOM killer's SIGKILL must end the hog: {r:?}");
+    std::thread::sleep(Duration::from_secs(2));
+    let _ = events.kill();
+    let out = events.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines().any(|l| l.contains("/tasks/oom") && l.contains("t-oom")),
+        "no /tasks/oom event for t-oom in ctr events:\n{text}\ncontainer output: {}\n{}",
+        r.stdout,
+        c.diagnostics()
+    );
     c.assert_clean(CLEAN);
 }
 

@@ -368,6 +368,16 @@ impl Agent {
         })
     }
 
+    /// Block until the guest's OOM-kill count exceeds `seen`.
+    pub async fn wait_oom_kill(&self, seen: u64) -> Result<u64> {
+        let mut req = pb::WaitOomKillRequest::new();
+        req.seen = seen;
+        let r = self
+            .call_unbounded("WaitOomKill", self.client.wait_oom_kill(Self::ctx(), &req))
+            .await?;
+        Ok(r.kills)
+    }
+
     pub async fn delete_process(&self, id: &str, exec_id: &str) -> Result<()> {
         self.call(
             "DeleteProcess",

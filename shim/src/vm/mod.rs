@@ -720,6 +720,11 @@ impl Sandbox for VmSandbox {
         }
     }
 
+    async fn wait_oom(&self, seen: u64) -> Result<u64> {
+        let agent = self.agent()?;
+        self.unless_vm_exits(agent.wait_oom_kill(seen)).await
+    }
+
     async fn write_stdin(&self, id: &str, exec_id: &str, data: &[u8]) -> Result<usize> {
         self.awake_agent()
             .await?

@@ -1,0 +1,40 @@
+# Sourced by hack/demo and bench/runtimes: start a private containerd (own
+# socket, root and state under $work) with burrow's shim reachable, import
+# the locally built busybox image, and define `ctr` to talk to it.
+# Needs: $here (repo root), $work (scratch dir, removed by the caller).
+# Sets: $containerd_pid; registers private_containerd_stop on EXIT.
+
+# burrow's binaries: installed ones (burrow install), else this checkout's
+# release build, else its debug build.
+if ! command -v containerd-shim-burrow-v2 >/dev/null; then
+    for profile in release debug; do
+        if [[ -x $here/target/$profile/containerd-shim-burrow-v2 && -x $here/target/$profile/burrow-vmm ]]; then
+            export PATH=$here/target/$profile:$PATH
+            break
+        fi
+    done
+fi
+# burrow's config: the installed /etc/burrow/config.toml, else the built
+# (cached) guest assets.
+if [[ ! -f /etc/burrow/config.toml && -z ${BURROW_CONFIG:-} ]]; then
+    echo "guest kernel and initramfs for burrow (cached builds)" >&2
+    printf 'kernel = "%s"\ninitrd = "%s"\nstate_dir = "%s"\n[memory_mib]\ndefault = 256\n' \
+        "$("$here/guest-kernel/build" | tail -n 1)" "$("$here/rootfs/build" | tail -n 1)" "$work/burrow" >"$work/burrow.toml"
+    export BURROW_CONFIG=$work/burrow.toml
+fi
+croot=/var/lib/containerd/private-$$
+mkdir -p "$croot"
+printf 'version = 2\nroot = "%s"\nstate = "%s"\n[grpc]\n  address = "%s"\n' \
+    "$croot" "$work/state" "$work/containerd.sock" >"$work/containerd.toml"
+containerd --config "$work/containerd.toml" --log-level warn >"$work/containerd.log" 2>&1 &
+containerd_pid=$!
+private_containerd_stop() {
+    kill "$containerd_pid" 2>/dev/null || true
+    wait "$containerd_pid" 2>/dev/null || true
+    grep -o " $croot[^ ]*" /proc/self/mountinfo | sort -r | xargs -r -n1 umount -l 2>/dev/null || true
+    rm -rf "$work" "$croot"
+}
+trap private_containerd_stop EXIT
+ctr() { command ctr --address "$work/containerd.sock" "$@"; }
+for _ in $(seq 100); do [[ -S $work/containerd.sock ]] && break; sleep 0.2; done
+ctr images import "$("$here/tests/images/busybox")" >/dev/null

@@ -721,8 +721,17 @@ impl Sandbox for VmSandbox {
     }
 
     async fn wait_oom(&self, seen: u64) -> Result<u64> {
-        let agent = self.agent()?;
-        self.unless_vm_exits(agent.wait_oom_kill(seen)).await
+        // Like `wait`: a hibernation interrupts the call without waking the
+        // VM; it goes on once the VM is awake again.
+        loop {
+            let (agent, generation) = self.agent_when_awake().await?;
+            match self.unless_vm_exits(agent.wait_oom_kill(seen)).await {
+                Err(e) if self.slept_since(generation) => {
+                    tracing::debug!("OOM watch interrupted by hibernation: {e}");
+                }
+                r => return r,
+            }
+        }
     }
 
     async fn write_stdin(&self, id: &str, exec_id: &str, data: &[u8]) -> Result<usize> {

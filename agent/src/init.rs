@@ -24,6 +24,32 @@ fn mount_fs(
     }
 }
 
+/// Bring the loopback interface up: containers share the guest's network
+/// namespace, and programs expect 127.0.0.1 to work.
+pub fn loopback_up() -> std::io::Result<()> {
+    // SAFETY: socket(2) and two ioctls on a zeroed ifreq naming "lo", with
+    // pointers to this stack frame; the fd is owned right away.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let fd = <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd);
+        let mut req: libc::ifreq = std::mem::zeroed();
+        for (d, s) in req.ifr_name.iter_mut().zip(b"lo\0") {
+            *d = *s as libc::c_char;
+        }
+        if libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+        if libc::ioctl(fd.as_raw_fd(), libc::SIOCSIFFLAGS, &req) < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 /// How many processes the kernel's OOM killer has killed since boot.
 pub fn oom_kills() -> Result<u64> {
     let vmstat = std::fs::read_to_string("/proc/vmstat")
@@ -72,6 +98,9 @@ pub fn setup_pid1() -> anyhow::Result<()> {
     // without PID 1 the VM is gone. Children set their own value (spawn).
     if let Err(e) = std::fs::write("/proc/self/oom_score_adj", "-1000") {
         tracing::warn!("cannot protect the agent from the OOM killer: {e}");
+    }
+    if let Err(e) = loopback_up() {
+        tracing::warn!("cannot bring the loopback interface up: {e}");
     }
     mount_fs("sysfs", "/sys", "sysfs", nosuid, None)?;
     mount_fs(

@@ -21,8 +21,8 @@ use containerd_shim::api;
 use containerd_shim::asynchronous::ExitSignal;
 use containerd_shim::protos::cgroups_v2::metrics as v2;
 use containerd_shim::protos::events::task::{
-    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO, TaskOOM,
-    TaskPaused, TaskResumed, TaskStart,
+    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO, TaskOOM, TaskPaused,
+    TaskResumed, TaskStart,
 };
 use containerd_shim::protos::protobuf::well_known_types::any::Any;
 use containerd_shim::protos::protobuf::well_known_types::timestamp::Timestamp;
@@ -334,7 +334,9 @@ impl TaskService {
     }
 
     fn oom_seen(&self) -> u64 {
-        self.inner.oom_seen.load(std::sync::atomic::Ordering::SeqCst)
+        self.inner
+            .oom_seen
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Publish TaskOOM for container `id` each time the sandbox's OOM

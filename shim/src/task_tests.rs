@@ -542,7 +542,10 @@ async fn guest_oom_kills_become_task_oom_events() {
         h.sb.oom_kill();
         let start = std::time::Instant::now();
         while ooms() < n {
-            assert!(start.elapsed() < std::time::Duration::from_secs(5), "no /tasks/oom event");
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(5),
+                "no /tasks/oom event"
+            );
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
     }

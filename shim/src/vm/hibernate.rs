@@ -115,6 +115,30 @@ impl VmSandbox {
         }
     }
 
+    /// Run a blocking agent call that must not wake the VM (wait, output
+    /// reads, the OOM watch): once the VM is awake, and again after the
+    /// next wake when a hibernation cuts it off.
+    /// `what` names the call in the log (built only when it is logged).
+    pub(super) async fn across_hibernation<T, F, Fut>(
+        &self,
+        what: impl Fn() -> String,
+        call: F,
+    ) -> Result<T>
+    where
+        F: Fn(Agent) -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        loop {
+            let (agent, generation) = self.agent_when_awake().await?;
+            match self.unless_vm_exits(call(agent)).await {
+                Err(e) if self.slept_since(generation) => {
+                    tracing::debug!("{} interrupted by hibernation: {e}", what());
+                }
+                r => return r,
+            }
+        }
+    }
+
     /// Drop a hibernation snapshot (the sandbox is being removed).
     pub(super) fn forget_hibernation(&self) {
         let g = self.phase.borrow().generation();

@@ -680,16 +680,12 @@ impl Sandbox for VmSandbox {
     }
 
     async fn wait(&self, id: &str, exec_id: &str) -> Result<ExitStatus> {
-        let gid = self.gid(id);
-        loop {
-            let (agent, generation) = self.agent_when_awake().await?;
-            match self.unless_vm_exits(agent.wait(&gid, exec_id)).await {
-                Err(e) if self.slept_since(generation) => {
-                    tracing::debug!("{id}/{exec_id}: wait interrupted by hibernation: {e}");
-                }
-                r => return r,
-            }
-        }
+        let gid = &self.gid(id);
+        self.across_hibernation(
+            || format!("{id}/{exec_id}: wait"),
+            |agent| async move { agent.wait(gid, exec_id).await },
+        )
+        .await
     }
 
     async fn read_output(
@@ -699,39 +695,25 @@ impl Sandbox for VmSandbox {
         stream: Stream,
         max: usize,
     ) -> Result<Chunk> {
-        let gid = self.gid(id);
-        loop {
-            let (agent, generation) = self.agent_when_awake().await?;
-            match self
-                .unless_vm_exits(agent.read(&gid, exec_id, stream, max))
-                .await
-            {
-                Err(e) if self.slept_since(generation) => {
-                    tracing::debug!("{id}/{exec_id}: read interrupted by hibernation: {e}");
-                }
-                Ok(chunk) => {
-                    if !chunk.data.is_empty() {
-                        self.touch();
-                    }
-                    return Ok(chunk);
-                }
-                r => return r,
-            }
+        let gid = &self.gid(id);
+        let chunk = self
+            .across_hibernation(
+                || format!("{id}/{exec_id}: read"),
+                |agent| async move { agent.read(gid, exec_id, stream, max).await },
+            )
+            .await?;
+        if !chunk.data.is_empty() {
+            self.touch();
         }
+        Ok(chunk)
     }
 
     async fn wait_oom(&self, seen: u64) -> Result<u64> {
-        // Like `wait`: a hibernation interrupts the call without waking the
-        // VM; it goes on once the VM is awake again.
-        loop {
-            let (agent, generation) = self.agent_when_awake().await?;
-            match self.unless_vm_exits(agent.wait_oom_kill(seen)).await {
-                Err(e) if self.slept_since(generation) => {
-                    tracing::debug!("OOM watch interrupted by hibernation: {e}");
-                }
-                r => return r,
-            }
-        }
+        self.across_hibernation(
+            || "OOM watch".to_string(),
+            |agent| async move { agent.wait_oom_kill(seen).await },
+        )
+        .await
     }
 
     async fn write_stdin(&self, id: &str, exec_id: &str, data: &[u8]) -> Result<usize> {

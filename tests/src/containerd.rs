@@ -275,6 +275,18 @@ impl Containerd {
         s.trim().parse().unwrap_or_else(|e| panic!("{}: {e}", p.display()))
     }
 
+    /// Mount points under this containerd's directories, in mount order.
+    fn mounts(&self) -> Vec<String> {
+        let (dir, root) = (self.dir.display().to_string(), self.root.display().to_string());
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|m| m.split_whitespace().nth(4))
+            .filter(|t| t.starts_with(&dir) || t.starts_with(&root))
+            .map(str::to_string)
+            .collect()
+    }
+
     /// What is left of burrow after every task is deleted: burrow-vmm
     /// processes started for this containerd, files under its state dir,
     /// mounts under its directories. Empty when clean.
@@ -282,11 +294,9 @@ impl Containerd {
         let mut left = Vec::new();
         let state = self.burrow_state();
         let marker = state.display().to_string();
-        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-            if cmdline.contains("burrow-vmm") && cmdline.contains(&marker) {
-                left.push(format!("process {}: {cmdline}", entry.file_name().to_string_lossy()));
+        for (pid, cmdline) in processes_mentioning(&marker) {
+            if cmdline.contains("burrow-vmm") {
+                left.push(format!("process {pid}: {cmdline}"));
             }
         }
         for d in [&state, &self.snapshot_dir()] {
@@ -296,12 +306,8 @@ impl Containerd {
                 }
             }
         }
-        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        let dir = self.dir.display().to_string();
-        let root = self.root.display().to_string();
-        for m in mounts.lines() {
-            let target = m.split_whitespace().nth(4).unwrap_or("");
-            if (target.starts_with(&dir) || target.starts_with(&root)) && !target.ends_with("/snapshots") {
+        for target in self.mounts() {
+            if !target.ends_with("/snapshots") {
                 left.push(format!("mount {target}"));
             }
         }
@@ -363,29 +369,32 @@ impl Drop for Containerd {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let marker = self.burrow_state().display().to_string();
-        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-            if cmdline.contains(&marker) {
-                if let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() {
-                    // SAFETY: kill(2) has no memory-safety preconditions.
-                    unsafe { libc::kill(pid, libc::SIGKILL) };
-                }
-            }
+        for (pid, _) in processes_mentioning(&marker) {
+            // SAFETY: kill(2) has no memory-safety preconditions.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
         }
-        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        let mut targets: Vec<&str> = mounts
-            .lines()
-            .filter_map(|m| m.split_whitespace().nth(4))
-            .filter(|t| t.starts_with(&*self.root.to_string_lossy()) || t.starts_with(&*self.dir.to_string_lossy()))
-            .collect();
-        targets.reverse();
-        for t in targets {
+        for t in self.mounts().iter().rev() {
             let _ = Command::new("umount").args(["-l", t]).status();
         }
         let _ = std::fs::remove_dir_all(&self.dir);
         let _ = std::fs::remove_dir_all(&self.root);
     }
+}
+
+/// Processes whose command line mentions `marker`: (pid, command line).
+fn processes_mentioning(marker: &str) -> Vec<(i32, String)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if cmdline.contains(marker) {
+            found.push((pid, cmdline));
+        }
+    }
+    found
 }
 
 fn which(cmd: &str) -> bool {

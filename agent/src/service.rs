@@ -321,6 +321,7 @@ impl burrow_protocol::Agent for AgentService {
         r.protocol_version = burrow_protocol::PROTOCOL_VERSION;
         r.pid1 = self.pid1;
         r.uptime_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        r.oom_kills = crate::init::oom_kills().unwrap_or(0);
         Ok(r)
     }
 

@@ -8,6 +8,7 @@
 //! - anything else (`sleep`): runs until signalled
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
@@ -35,6 +36,7 @@ struct St {
     dead: bool,
     shutdown: bool,
     oom_kills: u64,
+    restorable: bool,
     calls: Vec<String>,
 }
 
@@ -71,6 +73,11 @@ impl FakeSandbox {
     pub fn oom_kill(&self) {
         self.lock().oom_kills += 1;
         self.changed.notify_waiters();
+    }
+
+    /// Let Create with a checkpoint "restore" (off: the fake refuses).
+    pub fn allow_restore(&self) {
+        self.lock().restorable = true;
     }
 
     pub fn paused(&self) -> bool {
@@ -342,6 +349,25 @@ impl Sandbox for FakeSandbox {
             }
             notified.await;
         }
+    }
+
+    async fn oom_kills(&self) -> Result<u64> {
+        Ok(self.lock().oom_kills)
+    }
+
+    /// A "restore" is a create whose process runs already.
+    async fn restore_container(&self, cfg: &ContainerConfig, dir: &Path) -> Result<u32> {
+        if !self.lock().restorable {
+            return Err(SandboxError::Unimplemented(
+                "this sandbox cannot restore checkpoints".into(),
+            ));
+        }
+        self.lock()
+            .calls
+            .push(format!("restore {} from {}", cfg.id, dir.display()));
+        let pid = self.create_container(cfg).await?;
+        self.start_container(&cfg.id).await?;
+        Ok(pid)
     }
 
     async fn shutdown(&self) -> Result<()> {

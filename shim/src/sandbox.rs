@@ -163,6 +163,9 @@ pub trait Sandbox: Send + Sync + 'static {
     /// Wait until the sandbox's OOM killer has killed more than `seen`
     /// processes in all; returns that total. Fails when the sandbox dies.
     async fn wait_oom(&self, seen: u64) -> Result<u64>;
+    /// How many processes the sandbox's OOM killer has killed so far (a
+    /// restored guest remembers the kills from before its checkpoint).
+    async fn oom_kills(&self) -> Result<u64>;
     /// Freeze the whole sandbox (all vCPUs).
     async fn pause(&self) -> Result<()>;
     /// Thaw it.

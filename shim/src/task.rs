@@ -483,10 +483,22 @@ impl TaskService {
         };
         let restored = !req.checkpoint.is_empty();
         let pid = if restored {
-            self.inner
+            let pid = self
+                .inner
                 .sandbox
                 .restore_container(&cfg, Path::new(&req.checkpoint))
-                .await?
+                .await?;
+            // The restored guest counts the OOM kills from before its
+            // checkpoint: those are not news to this task.
+            match self.inner.sandbox.oom_kills().await {
+                Ok(kills) => {
+                    self.inner
+                        .oom_seen
+                        .fetch_max(kills, std::sync::atomic::Ordering::SeqCst);
+                }
+                Err(e) => tracing::warn!("{}: reading the guest's OOM kills: {e}", req.id),
+            }
+            pid
         } else {
             self.inner.sandbox.create_container(&cfg).await?
         };

@@ -553,6 +553,36 @@ async fn guest_oom_kills_become_task_oom_events() {
 }
 
 #[tokio::test]
+async fn a_restored_task_reports_only_oom_kills_after_its_restore() {
+    let h = H::new();
+    h.sb.allow_restore();
+    // The guest had two OOM kills before its checkpoint.
+    h.sb.oom_kill();
+    h.sb.oom_kill();
+    let req = api::CreateTaskRequest {
+        id: "r".into(),
+        bundle: h.bundle("r", &["sleep"]),
+        checkpoint: h.path("cp").display().to_string(),
+        ..Default::default()
+    };
+    h.svc.create(&ctx(), req).await.expect("restore");
+    h.start("r", "").await.expect("start");
+    let ooms = || h.ev.topics().iter().filter(|t| *t == "/tasks/oom").count();
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(ooms(), 0, "old OOM kills reported as new: {:?}", h.ev.topics());
+    h.sb.oom_kill();
+    let start = std::time::Instant::now();
+    while ooms() < 1 {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(5),
+            "a new OOM kill after the restore was not reported"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(ooms(), 1);
+}
+
+#[tokio::test]
 async fn sandbox_crash_reports_exit_and_delete_cleans_up() {
     let h = H::new();
     h.create("c", &["sleep"], "", "", false)

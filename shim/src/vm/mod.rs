@@ -73,6 +73,9 @@ pub struct VmSandbox {
     last_activity: std::sync::Mutex<std::time::Instant>,
     /// Frozen by containerd's Pause (not hibernated then).
     paused: std::sync::atomic::AtomicBool,
+    /// Stopped by a checkpoint with `exit`: its processes were killed on
+    /// purpose (CRIU's checkpoint kills them too), not lost.
+    exited_by_checkpoint: std::sync::atomic::AtomicBool,
     /// Where this sandbox's hibernation snapshot goes.
     hibernate_dir: PathBuf,
 }
@@ -141,6 +144,7 @@ impl VmSandbox {
             phase: watch::channel(hibernate::Phase::Running(0)).0,
             last_activity: std::sync::Mutex::new(std::time::Instant::now()),
             paused: std::sync::atomic::AtomicBool::new(false),
+            exited_by_checkpoint: std::sync::atomic::AtomicBool::new(false),
             hibernate_dir: state_dir(&snapshots, namespace, sandbox_id),
         })
     }
@@ -622,6 +626,8 @@ impl Sandbox for VmSandbox {
             }
             AfterCheckpoint::Exit => {
                 if r.is_ok() {
+                    self.exited_by_checkpoint
+                        .store(true, std::sync::atomic::Ordering::SeqCst);
                     self.stop_vm().await;
                 }
             }
@@ -681,11 +687,23 @@ impl Sandbox for VmSandbox {
 
     async fn wait(&self, id: &str, exec_id: &str) -> Result<ExitStatus> {
         let gid = &self.gid(id);
-        self.across_hibernation(
-            || format!("{id}/{exec_id}: wait"),
-            |agent| async move { agent.wait(gid, exec_id).await },
-        )
-        .await
+        let r = self
+            .across_hibernation(
+                || format!("{id}/{exec_id}: wait"),
+                |agent| async move { agent.wait(gid, exec_id).await },
+            )
+            .await;
+        match r {
+            // Reported like runc's: killed (137), not lost (255).
+            Err(_)
+                if self
+                    .exited_by_checkpoint
+                    .load(std::sync::atomic::Ordering::SeqCst) =>
+            {
+                Ok(ExitStatus::Signal(9))
+            }
+            r => r,
+        }
     }
 
     async fn read_output(
@@ -714,6 +732,10 @@ impl Sandbox for VmSandbox {
             |agent| async move { agent.wait_oom_kill(seen).await },
         )
         .await
+    }
+
+    async fn oom_kills(&self) -> Result<u64> {
+        Ok(self.awake_agent().await?.health().await?.oom_kills)
     }
 
     async fn write_stdin(&self, id: &str, exec_id: &str, data: &[u8]) -> Result<usize> {

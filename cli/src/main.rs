@@ -27,8 +27,8 @@ enum Command {
         #[arg(long)]
         source: Option<std::path::PathBuf>,
     },
-    /// Sandbox lifecycle: list, hibernate, wake (through each shim's
-    /// control socket).
+    /// Sandbox lifecycle: list, hibernate, wake, checkpoint (through each
+    /// shim's control socket).
     Sandbox {
         /// The shims' state directory (default: `state_dir` from the burrow
         /// config, else /run/burrow).
@@ -51,6 +51,10 @@ enum SandboxVerb {
     Hibernate { id: String },
     /// Restore a hibernated VM now.
     Wake { id: String },
+    /// Write a checkpoint of the whole VM to `<snapshot_dir>/.checkpoints/NAME`
+    /// while it runs on; `ctr run --annotation io.burrow.restore=NAME ...`
+    /// starts a container from it.
+    Checkpoint { id: String, name: String },
 }
 
 fn main() -> Result<()> {
@@ -91,6 +95,14 @@ fn main() -> Result<()> {
                         timeout,
                     )?;
                     println!("{id}: {state}");
+                }
+                SandboxVerb::Checkpoint { id, name } => {
+                    let (state, dir) = sandbox::checkpoint(
+                        &sandbox::sandbox_dir(&root, &namespace, &id)?,
+                        &name,
+                        timeout,
+                    )?;
+                    println!("{id}: checkpoint {name} written to {dir} ({state})");
                 }
                 SandboxVerb::Wake { id } => {
                     let state = sandbox::command(

@@ -1,4 +1,4 @@
-//! `burrow sandbox ls|hibernate|wake`: talk to a running shim's control
+//! `burrow sandbox ls|hibernate|wake|checkpoint`: talk to a running shim's control
 //! socket (`<state_dir>/<namespace>/<id>/control.sock`, JSON lines:
 //! `{"cmd":"hibernate"}` → `{"ok":true,"state":"asleep"}`).
 
@@ -49,11 +49,35 @@ pub fn sandbox_dir(root: &Path, namespace: &str, id: &str) -> Result<PathBuf> {
 /// Send one command to the sandbox whose state directory is `dir`; returns
 /// the state it reports.
 pub fn command(dir: &Path, cmd: &str, timeout: Duration) -> Result<String> {
+    request(dir, &serde_json::json!({ "cmd": cmd }), timeout).map(|(state, _)| state)
+}
+
+/// Write named checkpoint `name` of the sandbox whose state directory is
+/// `dir`; returns the state it reports and the checkpoint's directory.
+pub fn checkpoint(dir: &Path, name: &str, timeout: Duration) -> Result<(String, String)> {
+    let body = serde_json::json!({ "cmd": "checkpoint", "name": name });
+    let (state, reply) = request(dir, &body, timeout)?;
+    let at = reply
+        .get("dir")
+        .and_then(|v| v.as_str())
+        .unwrap_or("?")
+        .to_string();
+    Ok((state, at))
+}
+
+/// Send `body` to the sandbox whose state directory is `dir`; returns the
+/// state it reports and the whole reply.
+fn request(
+    dir: &Path,
+    body: &serde_json::Value,
+    timeout: Duration,
+) -> Result<(String, serde_json::Value)> {
+    let cmd = body.get("cmd").and_then(|c| c.as_str()).unwrap_or("?");
     let sock = dir.join(CONTROL_SOCKET);
     let mut s = UnixStream::connect(&sock)
         .with_context(|| format!("connecting to {} (is the sandbox running?)", sock.display()))?;
     s.set_read_timeout(Some(timeout))?;
-    s.write_all(serde_json::json!({ "cmd": cmd }).to_string().as_bytes())?;
+    s.write_all(body.to_string().as_bytes())?;
     s.write_all(b"\n")?;
     let mut line = String::new();
     BufReader::new(s.take(MAX_REPLY))
@@ -70,7 +94,7 @@ pub fn command(dir: &Path, cmd: &str, timeout: Duration) -> Result<String> {
         let err = reply.get("error").and_then(|v| v.as_str()).unwrap_or("?");
         bail!("{cmd} failed: {err} (sandbox is {state})");
     }
-    Ok(state)
+    Ok((state, reply))
 }
 
 /// Every sandbox with a control socket under `root`: (namespace, id, dir).
@@ -118,11 +142,15 @@ mod tests {
                 "{\"ok\":true,\"state\":\"asleep\"}\n",
                 "{\"ok\":false,\"state\":\"running\",\"error\":\"paused\"}\n",
                 "{\"ok\":true,\"state\":\"running\"}\n",
+                "{\"ok\":true,\"state\":\"running\",\"dir\":\"/s/.checkpoints/cp1\"}\n",
             ] {
                 let (mut s, _) = l.accept().unwrap();
                 let mut line = String::new();
                 BufReader::new(&s).read_line(&mut line).unwrap();
                 assert!(line.contains("\"cmd\""), "{line}");
+                if line.contains("checkpoint") {
+                    assert!(line.contains("\"name\":\"cp1\""), "{line}");
+                }
                 s.write_all(reply.as_bytes()).unwrap();
             }
         });
@@ -136,6 +164,10 @@ mod tests {
         assert!(
             text.contains("default") && text.contains("s1") && text.contains("running"),
             "{text}"
+        );
+        assert_eq!(
+            checkpoint(&sb, "cp1", Duration::from_secs(5)).unwrap(),
+            ("running".to_string(), "/s/.checkpoints/cp1".to_string())
         );
         t.join().unwrap();
     }

@@ -355,6 +355,10 @@ impl Sandbox for FakeSandbox {
         Ok(self.lock().oom_kills)
     }
 
+    fn named_checkpoint(&self, name: &str) -> Result<std::path::PathBuf> {
+        Ok(Path::new("/named").join(name))
+    }
+
     /// A "restore" is a create whose process runs already.
     async fn restore_container(&self, cfg: &ContainerConfig, dir: &Path) -> Result<u32> {
         if !self.lock().restorable {

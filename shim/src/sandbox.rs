@@ -190,4 +190,12 @@ pub trait Sandbox: Send + Sync + 'static {
             "this sandbox cannot restore checkpoints".into(),
         ))
     }
+    /// The directory of the named checkpoint `name` (written by `burrow
+    /// sandbox checkpoint`), refusing names that are not plain.
+    fn named_checkpoint(&self, name: &str) -> Result<std::path::PathBuf> {
+        let _ = name;
+        Err(SandboxError::Unimplemented(
+            "this sandbox has no named checkpoints".into(),
+        ))
+    }
 }

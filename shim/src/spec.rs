@@ -18,6 +18,9 @@ pub const ANNOTATION_VCPUS: &str = "io.burrow.vcpus";
 pub const ANNOTATION_MEMORY_MIB: &str = "io.burrow.memory_mib";
 /// Hibernate the sandbox after this many seconds without activity (0: never).
 pub const ANNOTATION_HIBERNATE_IDLE: &str = "io.burrow.hibernate_idle_secs";
+/// Create the container by restoring the named checkpoint that
+/// `burrow sandbox checkpoint` wrote (instead of starting the spec's process).
+pub const ANNOTATION_RESTORE: &str = "io.burrow.restore";
 
 #[derive(Debug, thiserror::Error)]
 pub enum SpecError {

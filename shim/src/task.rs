@@ -481,13 +481,17 @@ impl TaskService {
                 .collect(),
             stdin: !req.stdin.is_empty(),
         };
-        let restored = !req.checkpoint.is_empty();
-        let pid = if restored {
-            let pid = self
-                .inner
-                .sandbox
-                .restore_container(&cfg, Path::new(&req.checkpoint))
-                .await?;
+        // containerd's checkpoint (ctr c restore), else a named one.
+        let from = if !req.checkpoint.is_empty() {
+            Some(PathBuf::from(&req.checkpoint))
+        } else if let Some(name) = spec::annotation(&cfg.spec, spec::ANNOTATION_RESTORE) {
+            Some(self.inner.sandbox.named_checkpoint(name)?)
+        } else {
+            None
+        };
+        let restored = from.is_some();
+        let pid = if let Some(from) = from {
+            let pid = self.inner.sandbox.restore_container(&cfg, &from).await?;
             // The restored guest counts the OOM kills from before its
             // checkpoint: those are not news to this task.
             match self.inner.sandbox.oom_kills().await {

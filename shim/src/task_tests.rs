@@ -569,7 +569,12 @@ async fn a_restored_task_reports_only_oom_kills_after_its_restore() {
     h.start("r", "").await.expect("start");
     let ooms = || h.ev.topics().iter().filter(|t| *t == "/tasks/oom").count();
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    assert_eq!(ooms(), 0, "old OOM kills reported as new: {:?}", h.ev.topics());
+    assert_eq!(
+        ooms(),
+        0,
+        "old OOM kills reported as new: {:?}",
+        h.ev.topics()
+    );
     h.sb.oom_kill();
     let start = std::time::Instant::now();
     while ooms() < 1 {
@@ -580,6 +585,30 @@ async fn a_restored_task_reports_only_oom_kills_after_its_restore() {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     assert_eq!(ooms(), 1);
+}
+
+#[tokio::test]
+async fn the_restore_annotation_restores_the_named_checkpoint() {
+    let h = H::new();
+    h.sb.allow_restore();
+    let b = h.bundle("n", &["sleep"]);
+    let spec = serde_json::json!({
+        "ociVersion": "1.0.2",
+        "process": {"args": ["sleep"], "cwd": "/"},
+        "annotations": {"io.burrow.restore": "cp1"},
+    });
+    std::fs::write(Path::new(&b).join("config.json"), spec.to_string()).expect("config.json");
+    let req = api::CreateTaskRequest {
+        id: "n".into(),
+        bundle: b,
+        ..Default::default()
+    };
+    h.svc.create(&ctx(), req).await.expect("restore by name");
+    assert!(
+        h.sb.calls().contains(&"restore n from /named/cp1".to_string()),
+        "{:?}",
+        h.sb.calls()
+    );
 }
 
 #[tokio::test]

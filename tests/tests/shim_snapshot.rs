@@ -49,13 +49,21 @@ fn counter(c: &Containerd, id: &str, exec_id: &str) -> u64 {
     // `echo $i > /tmp/counter` truncates before it writes: a read can land
     // in between and see an empty file, so an empty read is repeated.
     for attempt in 0..5 {
-        let out = exec(c, id, &format!("{exec_id}-{attempt}"), &["cat", "/tmp/counter"]);
+        let out = exec(
+            c,
+            id,
+            &format!("{exec_id}-{attempt}"),
+            &["cat", "/tmp/counter"],
+        );
         if out.trim().is_empty() {
             eprintln!("note: {id}: /tmp/counter read empty (attempt {attempt})");
             std::thread::sleep(Duration::from_millis(300));
             continue;
         }
-        return out.trim().parse().unwrap_or_else(|e| panic!("counter in {id}: {out:?}: {e}"));
+        return out
+            .trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("counter in {id}: {out:?}: {e}"));
     }
     panic!("counter in {id}: empty five times\n{}", c.diagnostics());
 }
@@ -75,7 +83,11 @@ fn received_ticks(c: &Containerd, id: &str, exec_id: &str) -> u64 {
             .strip_prefix("tick")
             .and_then(|t| t.parse().ok())
             .unwrap_or_else(|| panic!("{id}: odd line {line:?} in /tmp/received"));
-        assert_eq!(t, n + 1, "{id}: the loopback stream skipped or repeated: {out:?}");
+        assert_eq!(
+            t,
+            n + 1,
+            "{id}: the loopback stream skipped or repeated: {out:?}"
+        );
         n = t;
     }
     n
@@ -187,6 +199,26 @@ fn checkpoint_then_restore_continues_the_process_tree_three_times_and_refuses_a_
     c.wait_status("t-src", "RUNNING", LONG);
     let later = counter(&c, "t-src", "c-after");
     assert!(later >= before, "{later} < {before}");
+    // containerd's other verb: `ctr task checkpoint` (pause, checkpoint into
+    // the content store, resume).
+    let tc = c.ctr(&["task", "checkpoint", "t-src"]);
+    assert_eq!(tc.code, Some(0), "task checkpoint: {tc:?}\n{}", c.diagnostics());
+    assert!(tc.stdout.contains("checkpoint"), "no image name: {tc:?}");
+    c.wait_status("t-src", "RUNNING", LONG);
+    // Its blobs go, so that the corruption below hits cp1's.
+    let rm = c.ctr(&["images", "rm", "--sync", tc.stdout.trim()]);
+    assert_eq!(rm.code, Some(0), "{rm:?}");
+    // A named checkpoint in a directory (what --image-path would give, which
+    // containerd 1.6 passes only to runc).
+    let state_dir = c.burrow_state().display().to_string();
+    let nc = c.burrow(&["sandbox", "checkpoint", "--state-dir", &state_dir, "t-src", "named1"]);
+    assert_eq!(nc.code, Some(0), "burrow sandbox checkpoint: {nc:?}\n{}", c.diagnostics());
+    let named = c.snapshot_dir().join(".checkpoints/named1");
+    assert!(named.join("burrow.json").is_file(), "{nc:?}");
+    let again = c.burrow(&["sandbox", "checkpoint", "--state-dir", &state_dir, "t-src", "named1"]);
+    assert_ne!(again.code, Some(0), "a named checkpoint was overwritten: {again:?}");
+    assert!(again.stderr.contains("remove it first"), "{again:?}");
+    let named_at = counter(&c, "t-src", "c-named");
     remove(&c, "t-src");
 
     // One checkpoint, three restored containers under new ids.
@@ -241,6 +273,21 @@ fn checkpoint_then_restore_continues_the_process_tree_three_times_and_refuses_a_
     }
     c.assert_clean(CLEAN);
 
+    // `ctr run` with io.burrow.restore starts from the named checkpoint.
+    let r = c.ctr(&Containerd::run_args(
+        &["-d", "--annotation", "io.burrow.restore=named1"],
+        "t-named",
+        &["sh", "-c", "echo this process must not start; exit 3"],
+    ));
+    assert_eq!(r.code, Some(0), "restore by name: {r:?}\n{}", c.diagnostics());
+    c.wait_status("t-named", "RUNNING", LONG);
+    let got = counter(&c, "t-named", "n-c1");
+    assert!(got >= named_at, "t-named: the counter restarted: {got} < {named_at}");
+    assert_eq!(long_lived(&c, "t-named", "n-ps"), procs);
+    remove(&c, "t-named");
+    c.assert_clean(CLEAN);
+    std::fs::remove_dir_all(&named).unwrap();
+
     // A damaged checkpoint is refused, and nothing is left behind.
     corrupt_checkpoint_blob(&c.root);
     let r = c.ctr(&["containers", "restore", "--live", "t-bad", "cp1"]);
@@ -288,6 +335,25 @@ fn sandbox_state(c: &Containerd, id: &str) -> String {
         .unwrap_or_default()
 }
 
+/// The newest VM snapshot of a hibernation chain (its manifest's `vm`).
+fn latest_link(snap: &Path) -> PathBuf {
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(snap.join("burrow.json")).unwrap()).unwrap();
+    let name = m["vm"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no vm link in {m}"));
+    snap.join(name)
+}
+
+/// Bytes a (sparse) file has on disk.
+fn allocated(p: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(p)
+        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+        .blocks()
+        * 512
+}
+
 const COUNTER: &str =
     "sleep 100000 & i=0; while true; do i=$((i+1)); echo $i > /tmp/counter; sleep 1; done";
 
@@ -330,11 +396,39 @@ fn hibernate_stops_the_vmm_and_the_next_call_wakes_it_transparently() {
     assert_eq!(sandbox_state(&c, "t-hib"), "running");
     assert_eq!(vmm_processes(&c, "t-hib").len(), 1);
     assert_eq!(long_lived(&c, "t-hib", "h-ps1"), procs);
-    assert!(
-        !c.snapshot_dir().join("default/t-hib").exists(),
-        "the snapshot is dropped after waking"
+    let snap = c.snapshot_dir().join("default/t-hib");
+    let full = latest_link(&snap);
+
+    // Asleep again: only the pages dirtied since the wake are written, on
+    // top of the snapshot it woke from, which stayed.
+    let h = c.burrow(&["sandbox", "hibernate", "--state-dir", &state_dir, "t-hib"]);
+    assert_eq!(
+        h.code,
+        Some(0),
+        "hibernate again: {h:?}\n{}",
+        c.diagnostics()
     );
+    assert!(vmm_processes(&c, "t-hib").is_empty());
+    let incremental = latest_link(&snap);
+    assert_ne!(
+        incremental, full,
+        "the second hibernation wrote no new link"
+    );
+    let (full_bytes, inc_bytes) = (
+        allocated(&full.join("memory")),
+        allocated(&incremental.join("memory")),
+    );
+    eprintln!("hibernation: full {full_bytes} bytes, incremental {inc_bytes} bytes");
+    assert!(
+        inc_bytes * 2 < full_bytes,
+        "the second hibernation is not incremental: {inc_bytes} bytes against {full_bytes}"
+    );
+    // And wakes from base + increment: same processes, counting on.
+    let again = counter(&c, "t-hib", "h-c3");
+    assert!(again >= got, "the counter went back: {again} < {got}");
+    assert_eq!(long_lived(&c, "t-hib", "h-ps2"), procs);
     remove(&c, "t-hib");
+    assert!(!snap.exists(), "{} outlived its sandbox", snap.display());
     c.assert_clean(CLEAN);
 
     // Hibernate on idle (annotation), woken by kill; a clean delete.

@@ -9,13 +9,21 @@
 //! - Calls that block in the agent (Wait, stdout/stderr reads) do not wake
 //!   it: when hibernation stops the VMM under them they wait until the VM is
 //!   awake again and repeat the call.
+//! - Repeated hibernation is incremental: the snapshot a VM was woken from
+//!   stays on disk, and the next hibernation writes only the pages the
+//!   guest dirtied since (`vm-<n>/` on top of `vm-<n-1>/`, see
+//!   [`snapshot`]), up to [`MAX_CHAIN`] links; then a full one again. A
+//!   checkpoint in between moves the VMM's dirty-page base, so the next
+//!   hibernation after one is full.
 //! - Hibernate on idle: `hibernate_idle_secs` (config) or the annotation
 //!   `io.burrow.hibernate_idle_secs`; a timer hibernates after that long
 //!   with no exec, no stdio traffic and no RPC that reached the guest.
 //! - A control socket `<state dir>/control.sock` takes JSON lines
-//!   `{"cmd":"hibernate"|"wake"|"status"}` and answers
-//!   `{"ok":true,"state":"running"|"hibernating"|"asleep"}` or
-//!   `{"ok":false,"error":"..."}` (the `burrow sandbox` verbs use it).
+//!   `{"cmd":"hibernate"|"wake"|"status"}` or
+//!   `{"cmd":"checkpoint","name":NAME}` (see [`super::named`]) and answers
+//!   `{"ok":true,"state":"running"|"hibernating"|"asleep"}` (with `"dir"`
+//!   for a checkpoint) or `{"ok":false,"error":"..."}` (the `burrow
+//!   sandbox` verbs use it).
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -36,6 +44,18 @@ use crate::spec;
 pub const CONTROL_SOCKET: &str = "control.sock";
 /// Longest control request line.
 const MAX_REQUEST: u64 = 4096;
+/// Incremental hibernation snapshots on one full one before the next full
+/// one (the VMM follows at most 64).
+pub const MAX_CHAIN: u32 = 16;
+
+/// The newest link of a sandbox's hibernation chain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chain {
+    /// Its directory name inside the hibernation directory (`vm-<n>`).
+    pub latest: String,
+    /// Incremental links on top of the full snapshot (0: it is the full one).
+    pub depth: u32,
+}
 
 /// Where the sandbox's VM is. The number counts hibernations, so a call
 /// interrupted by one can tell.
@@ -62,13 +82,29 @@ impl Phase {
 }
 
 fn remove_dir(dir: &Path) {
+    remove_dir_only(dir);
+    if let Some(parent) = dir.parent() {
+        let _ = std::fs::remove_dir(parent);
+    }
+}
+
+/// Remove directory `dir` and what is in it, if it is there.
+fn remove_dir_only(dir: &Path) {
     if let Err(e) = std::fs::remove_dir_all(dir) {
         if e.kind() != std::io::ErrorKind::NotFound {
             tracing::warn!("removing {}: {e}", dir.display());
         }
     }
-    if let Some(parent) = dir.parent() {
-        let _ = std::fs::remove_dir(parent);
+}
+
+/// Remove every link of the hibernation chain in `dir` but `keep`.
+fn drop_links_but(dir: &Path, keep: &str) {
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if name != keep && name.starts_with("vm-") {
+            remove_dir_only(&e.path());
+        }
     }
 }
 
@@ -139,8 +175,36 @@ impl VmSandbox {
         }
     }
 
+    /// Write one link of the hibernation chain into `dir/name`.
+    async fn hibernation_link(
+        &self,
+        vm: &super::Vm,
+        dir: &Path,
+        name: &str,
+        incremental: bool,
+    ) -> Result<()> {
+        remove_dir_only(&dir.join(name));
+        std::fs::create_dir_all(dir)
+            .map_err(|e| SandboxError::Internal(format!("creating {}: {e}", dir.display())))?;
+        let r = self
+            .write_snapshot(
+                vm,
+                dir,
+                super::SnapshotKind::Hibernation { name, incremental },
+            )
+            .await;
+        if r.is_err() {
+            remove_dir_only(&dir.join(name));
+        }
+        r
+    }
+
     /// Drop a hibernation snapshot (the sandbox is being removed).
     pub(super) fn forget_hibernation(&self) {
+        *self
+            .hibernation_chain
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = None;
         let g = self.phase.borrow().generation();
         if !matches!(*self.phase.borrow(), Phase::Running(_)) {
             // Wake anything waiting: the agent is gone, so it fails.
@@ -169,23 +233,48 @@ impl VmSandbox {
         let started = Instant::now();
         self.phase.send_replace(Phase::Hibernating(generation));
         let dir = self.hibernate_dir.clone();
-        // Never write over a memory file a restored VMM still maps.
-        remove_dir(&dir);
-        let written = match std::fs::create_dir_all(&dir) {
-            Ok(()) => self.write_snapshot(vm, &dir, false).await,
-            Err(e) => Err(SandboxError::Internal(format!(
-                "creating {}: {e}",
-                dir.display()
-            ))),
-        };
+        let chain = self
+            .hibernation_chain
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let on_top = chain.filter(|c| c.depth < MAX_CHAIN && dir.join(&c.latest).is_dir());
+        if on_top.is_none() {
+            // A fresh chain. Links a running VMM still maps may go: its
+            // mapping is private and outlives the file.
+            remove_dir(&dir);
+        }
+        // A new name each time: never write over a file a VMM maps.
+        let name = format!("vm-{generation}");
+        let mut depth = on_top.as_ref().map_or(0, |c| c.depth.saturating_add(1));
+        let mut written = self
+            .hibernation_link(vm, &dir, &name, on_top.is_some())
+            .await;
+        if let (Err(e), Some(_)) = (&written, &on_top) {
+            tracing::warn!("incremental hibernation snapshot failed ({e}): taking a full one");
+            depth = 0;
+            written = self.hibernation_link(vm, &dir, &name, false).await;
+        }
         if let Err(e) = written {
             if let Err(r) = vm.vmm.command("resume").await {
                 tracing::error!("resuming after a failed hibernation: {r}");
             }
-            remove_dir(&dir);
+            if on_top.is_none() {
+                remove_dir(&dir);
+            }
             self.phase.send_replace(Phase::Running(generation));
             return Err(e);
         }
+        if depth == 0 {
+            drop_links_but(&dir, &name);
+        }
+        *self
+            .hibernation_chain
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(Chain {
+            latest: name,
+            depth,
+        });
         *self.agent.lock().unwrap_or_else(|p| p.into_inner()) = None;
         if let Some(mut vm) = slot.take() {
             if let Err(e) = vm.vmm.command("stop").await {
@@ -220,6 +309,7 @@ impl VmSandbox {
         let cfg = self.cfg()?.clone();
         let dir = self.hibernate_dir.clone();
         let manifest = snapshot::read_manifest_with(&dir, false)?;
+        let restore = manifest.vm_dir(&dir);
         let disk = self
             .containers
             .lock()
@@ -241,7 +331,7 @@ impl VmSandbox {
             serial_log: self.path("console.log"),
             vcpus: manifest.vcpus,
             memory_mib: manifest.memory_mib,
-            restore: Some(snapshot::vm_dir(&dir)),
+            restore: Some(restore),
         };
         let mut vm = self.launch(&cfg, &args).await?;
         if let Err(e) = self.after_restore(&vm.agent, &manifest.container_id).await {
@@ -252,8 +342,7 @@ impl VmSandbox {
         *self.exited.lock().unwrap_or_else(|p| p.into_inner()) = Some(vm.vmm.exited());
         *self.agent.lock().unwrap_or_else(|p| p.into_inner()) = Some(vm.agent.clone());
         *slot = Some(vm);
-        // The new VMM has the memory file mapped (private): unlinking is safe.
-        remove_dir(&dir);
+        // The snapshot stays: the base of the next hibernation's.
         self.touch();
         self.phase
             .send_replace(Phase::Running(generation.saturating_add(1)));
@@ -309,6 +398,9 @@ async fn idle_timer(me: std::sync::Weak<VmSandbox>, idle: Duration) {
 #[derive(Deserialize)]
 struct Request {
     cmd: String,
+    /// The checkpoint's name (`checkpoint`).
+    #[serde(default)]
+    name: Option<String>,
 }
 
 async fn serve_control(me: std::sync::Weak<VmSandbox>, l: UnixListener) {
@@ -329,18 +421,27 @@ async fn handle_control(sb: &VmSandbox, s: UnixStream) -> std::io::Result<()> {
     BufReader::new(r.take(MAX_REQUEST))
         .read_line(&mut line)
         .await?;
+    let mut dir = None;
     let result = match serde_json::from_str::<Request>(line.trim()) {
         Err(e) => Err(format!("bad request: {e}")),
         Ok(req) => match req.cmd.as_str() {
             "hibernate" => sb.hibernate().await.map_err(|e| e.to_string()),
             "wake" => sb.wake().await.map_err(|e| e.to_string()),
             "status" => Ok(()),
+            "checkpoint" => match req.name.as_deref() {
+                None => Err("checkpoint: no name".to_string()),
+                Some(name) => sb
+                    .checkpoint_named(name)
+                    .await
+                    .map(|d| dir = Some(d))
+                    .map_err(|e| e.to_string()),
+            },
             other => Err(format!("unknown command {other:?}")),
         },
     };
     let state = sb.phase.borrow().name();
     let reply = match result {
-        Ok(()) => serde_json::json!({"ok": true, "state": state}),
+        Ok(()) => serde_json::json!({"ok": true, "state": state, "dir": dir}),
         Err(e) => serde_json::json!({"ok": false, "state": state, "error": e}),
     };
     w.write_all(format!("{reply}\n").as_bytes()).await?;

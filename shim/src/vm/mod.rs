@@ -14,6 +14,7 @@
 
 pub mod agent;
 pub mod hibernate;
+pub mod named;
 pub mod rootfs;
 pub mod snapshot;
 pub mod vmm;
@@ -78,6 +79,21 @@ pub struct VmSandbox {
     exited_by_checkpoint: std::sync::atomic::AtomicBool,
     /// Where this sandbox's hibernation snapshot goes.
     hibernate_dir: PathBuf,
+    /// The hibernation snapshot the running VM was woken from, while it is
+    /// still the VM's last snapshot: the next hibernation only writes the
+    /// pages dirtied since, on top of it.
+    hibernation_chain: std::sync::Mutex<Option<hibernate::Chain>>,
+}
+
+/// What [`VmSandbox::write_snapshot`] writes.
+#[derive(Debug, Clone, Copy)]
+enum SnapshotKind<'a> {
+    /// A checkpoint for containerd: a full VM snapshot in `vm/` and a copy
+    /// of the rootfs disk.
+    Checkpoint,
+    /// A link of the hibernation chain: the VM snapshot in `name`, holding
+    /// only the pages dirtied since the VM's last snapshot if `incremental`.
+    Hibernation { name: &'a str, incremental: bool },
 }
 
 /// The state directory of a sandbox.
@@ -146,6 +162,7 @@ impl VmSandbox {
             paused: std::sync::atomic::AtomicBool::new(false),
             exited_by_checkpoint: std::sync::atomic::AtomicBool::new(false),
             hibernate_dir: state_dir(&snapshots, namespace, sandbox_id),
+            hibernation_chain: std::sync::Mutex::new(None),
         })
     }
 
@@ -478,12 +495,12 @@ impl VmSandbox {
         let vm = vm
             .as_ref()
             .ok_or_else(|| SandboxError::FailedPrecondition("the VM is not running".into()))?;
-        self.write_snapshot(vm, dir, true).await
+        self.write_snapshot(vm, dir, SnapshotKind::Checkpoint).await
     }
 
-    /// Snapshot the VM (left paused) into `dir` with a manifest, and a copy
-    /// of the rootfs disk if `copy_rootfs`.
-    async fn write_snapshot(&self, vm: &Vm, dir: &Path, copy_rootfs: bool) -> Result<()> {
+    /// Snapshot the VM (left paused) into `dir` with a manifest (see
+    /// [`SnapshotKind`]).
+    async fn write_snapshot(&self, vm: &Vm, dir: &Path, kind: SnapshotKind<'_>) -> Result<()> {
         let (id, guest_id, rootfs, spec) = {
             let cs = self.containers.lock().unwrap_or_else(|p| p.into_inner());
             let (id, c) = cs.iter().next().ok_or_else(|| {
@@ -498,16 +515,27 @@ impl VmSandbox {
         };
         std::fs::create_dir_all(dir)
             .map_err(|e| SandboxError::Internal(format!("creating {}: {e}", dir.display())))?;
-        let vm_dir = snapshot::vm_dir(dir);
+        let (vm_name, incremental) = match kind {
+            SnapshotKind::Checkpoint => (None, false),
+            SnapshotKind::Hibernation { name, incremental } => (Some(name), incremental),
+        };
+        let vm_dir = dir.join(vm_name.unwrap_or(snapshot::VM_DIR));
         let started = std::time::Instant::now();
-        vm.vmm
+        // Any snapshot moves the base the VMM's next incremental one is
+        // taken against: the chain holds only when hibernation renews it.
+        *self
+            .hibernation_chain
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = None;
+        let answer = vm
+            .vmm
             .request(
-                &serde_json::json!({"cmd": "snapshot", "dir": vm_dir, "incremental": false}),
+                &serde_json::json!({"cmd": "snapshot", "dir": vm_dir, "incremental": incremental}),
                 Duration::from_secs(600),
             )
             .await?;
         // The VM is paused now, so the disk matches the memory snapshot.
-        if copy_rootfs {
+        if matches!(kind, SnapshotKind::Checkpoint) {
             snapshot::copy_disk(&rootfs.disk, &dir.join(snapshot::ROOTFS)).await?;
         }
         snapshot::write_manifest(
@@ -524,12 +552,14 @@ impl VmSandbox {
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_secs()),
                 spec,
+                vm: vm_name.map(String::from),
             },
         )?;
         tracing::info!(
-            "{id}: checkpoint written to {} in {} ms",
-            dir.display(),
-            started.elapsed().as_millis()
+            "{id}: snapshot written to {} in {} ms: {}",
+            vm_dir.display(),
+            started.elapsed().as_millis(),
+            answer.trim()
         );
         Ok(())
     }
@@ -599,6 +629,10 @@ impl Sandbox for VmSandbox {
             Err(_) => {}
         }
         r
+    }
+
+    fn named_checkpoint(&self, name: &str) -> Result<PathBuf> {
+        self.named_checkpoint_dir(name)
     }
 
     async fn checkpoint(&self, dir: &Path, after: AfterCheckpoint) -> Result<()> {

@@ -10,8 +10,10 @@
 //! ```
 //!
 //! A hibernation snapshot (`<snapshot_dir>/<namespace>/<sandbox id>/`) has
-//! the same layout without `rootfs.img`: the sandbox's disk stays in its
-//! state directory, untouched while the VM is stopped.
+//! the same layout without `rootfs.img` (the sandbox's disk stays in its
+//! state directory, untouched while the VM is stopped), and its VM snapshots
+//! are a chain: `vm-<n>/`, a full one and then incremental ones on top of
+//! it, the newest named by the manifest's `vm` field.
 //!
 //! The manifest is small JSON, read with a size bound and checked before
 //! anything is started.
@@ -53,6 +55,17 @@ pub struct Manifest {
     pub created_unix: u64,
     /// The OCI spec the container was created with (as the guest got it).
     pub spec: serde_json::Value,
+    /// The VMM snapshot directory inside the checkpoint, when it is not
+    /// [`VM_DIR`] (hibernation chains: `vm-<n>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vm: Option<String>,
+}
+
+impl Manifest {
+    /// The VMM snapshot directory of checkpoint `dir` this manifest names.
+    pub fn vm_dir(&self, dir: &Path) -> PathBuf {
+        dir.join(self.vm.as_deref().unwrap_or(VM_DIR))
+    }
 }
 
 /// Write the manifest into `dir`.
@@ -110,7 +123,20 @@ pub fn read_manifest_with(dir: &Path, with_rootfs: bool) -> Result<Manifest> {
     if m.vcpus == 0 || m.memory_mib == 0 {
         return Err(bad("VM size is zero".into()));
     }
-    let mut need = vec![vm_dir(dir).join("state"), vm_dir(dir).join("memory")];
+    if let Some(name) = &m.vm {
+        let plain = !name.is_empty()
+            && name.len() <= 64
+            && name != "."
+            && name != ".."
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+        if !plain {
+            return Err(bad(format!("bad vm directory name {name:?}")));
+        }
+    }
+    let vm = m.vm_dir(dir);
+    let mut need = vec![vm.join("state"), vm.join("memory")];
     if with_rootfs {
         need.push(dir.join(ROOTFS));
     }
@@ -168,6 +194,7 @@ mod tests {
             rootfs_read_only: false,
             created_unix: 1,
             spec: serde_json::json!({"ociVersion": "1.0.2"}),
+            vm: None,
         }
     }
 
@@ -206,6 +233,30 @@ mod tests {
         std::fs::remove_file(d.path().join(ROOTFS)).unwrap();
         let e = read_manifest(d.path()).unwrap_err();
         assert!(e.to_string().contains("rootfs.img is missing"), "{e}");
+    }
+
+    #[test]
+    fn a_named_vm_directory_is_read_and_checked() {
+        let d = tempfile::tempdir().unwrap();
+        let mut m = sample();
+        m.vm = Some("vm-3".into());
+        write_manifest(d.path(), &m).unwrap();
+        let e = read_manifest_with(d.path(), false).unwrap_err();
+        assert!(e.to_string().contains("vm-3/state is missing"), "{e}");
+        std::fs::create_dir_all(d.path().join("vm-3")).unwrap();
+        std::fs::write(d.path().join("vm-3/state"), b"s").unwrap();
+        std::fs::write(d.path().join("vm-3/memory"), b"m").unwrap();
+        let got = read_manifest_with(d.path(), false).unwrap();
+        assert_eq!(got.vm_dir(d.path()), d.path().join("vm-3"));
+        for bad in ["../etc", "/abs", "", "..", "a b"] {
+            m.vm = Some(bad.into());
+            write_manifest(d.path(), &m).unwrap();
+            let e = read_manifest_with(d.path(), false).unwrap_err();
+            assert!(
+                e.to_string().contains("bad vm directory name"),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

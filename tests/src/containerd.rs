@@ -288,8 +288,9 @@ impl Containerd {
     }
 
     /// What is left of burrow after every task is deleted: burrow-vmm
-    /// processes started for this containerd, files under its state dir,
-    /// mounts under its directories. Empty when clean.
+    /// processes started for this containerd, files under its state dir and
+    /// snapshot dir (but named checkpoints, `.checkpoints/`, which are kept
+    /// on purpose), mounts under its directories. Empty when clean.
     pub fn leftovers(&self) -> Vec<String> {
         let mut left = Vec::new();
         let state = self.burrow_state();
@@ -299,9 +300,10 @@ impl Containerd {
                 left.push(format!("process {pid}: {cmdline}"));
             }
         }
+        let named = self.snapshot_dir().join(".checkpoints");
         for d in [&state, &self.snapshot_dir()] {
             if d.exists() {
-                for f in walk(d) {
+                for f in walk(d).into_iter().filter(|f| !f.starts_with(&named)) {
                     left.push(format!("file {}", f.display()));
                 }
             }

@@ -17,6 +17,7 @@ pub mod hibernate;
 pub mod named;
 pub mod rootfs;
 pub mod snapshot;
+pub mod sparse;
 pub mod vmm;
 
 use std::collections::HashMap;
@@ -88,12 +89,34 @@ pub struct VmSandbox {
 /// What [`VmSandbox::write_snapshot`] writes.
 #[derive(Debug, Clone, Copy)]
 enum SnapshotKind<'a> {
-    /// A checkpoint for containerd: a full VM snapshot in `vm/` and a copy
-    /// of the rootfs disk.
-    Checkpoint,
+    /// A checkpoint: a full VM snapshot in `vm/` and a copy of the rootfs
+    /// disk; `packed` (for containerd) stores the memory file and the disk
+    /// as [`sparse`] packs.
+    Checkpoint { packed: bool },
     /// A link of the hibernation chain: the VM snapshot in `name`, holding
     /// only the pages dirtied since the VM's last snapshot if `incremental`.
     Hibernation { name: &'a str, incremental: bool },
+}
+
+/// Run a [`sparse`] pack or unpack of `from` into `to` off the async threads.
+async fn sparse_job<T: Send + 'static>(
+    what: &'static str,
+    from: PathBuf,
+    to: PathBuf,
+    job: fn(&Path, &Path) -> std::io::Result<T>,
+) -> Result<T> {
+    let (f, t) = (from.clone(), to.clone());
+    tokio::task::spawn_blocking(move || job(&f, &t))
+        .await
+        .map_err(|e| SandboxError::Internal(format!("{what} {}: {e}", from.display())))?
+        .map_err(|e| {
+            let _ = std::fs::remove_file(&to);
+            SandboxError::Internal(format!(
+                "{what} {} into {}: {e}",
+                from.display(),
+                to.display()
+            ))
+        })
 }
 
 /// The state directory of a sandbox.
@@ -437,7 +460,30 @@ impl VmSandbox {
                     guest_spec: manifest.spec.clone(),
                 },
             );
-        snapshot::copy_disk(&dir.join(snapshot::ROOTFS), &img).await?;
+        // A packed checkpoint (from containerd) is unpacked into the state
+        // dir; the VMM maps the memory file privately, so it goes once the
+        // VM runs.
+        let unpacked = self.path("restore-vm");
+        let vm_dir = if manifest.packed {
+            let from = snapshot::vm_dir(dir);
+            let _ = std::fs::remove_dir_all(&unpacked);
+            std::fs::create_dir_all(&unpacked)
+                .and_then(|()| std::fs::copy(from.join("state"), unpacked.join("state")))
+                .map_err(|e| {
+                    SandboxError::Internal(format!("copying the VM state to {}: {e}", unpacked.display()))
+                })?;
+            let memory = (
+                from.join(snapshot::packed(snapshot::MEMORY)),
+                unpacked.join(snapshot::MEMORY),
+            );
+            sparse_job("unpacking", memory.0, memory.1, sparse::unpack).await?;
+            let disk = dir.join(snapshot::packed(snapshot::ROOTFS));
+            sparse_job("unpacking", disk, img.clone(), sparse::unpack).await?;
+            unpacked.clone()
+        } else {
+            snapshot::copy_disk(&dir.join(snapshot::ROOTFS), &img).await?;
+            snapshot::vm_dir(dir)
+        };
         let args = VmmArgs {
             binary: cfg.vmm_binary(),
             kernel: cfg.kernel.clone(),
@@ -449,7 +495,7 @@ impl VmSandbox {
             serial_log: self.path("console.log"),
             vcpus: manifest.vcpus,
             memory_mib: manifest.memory_mib,
-            restore: Some(snapshot::vm_dir(dir)),
+            restore: Some(vm_dir),
         };
         tracing::info!(
             "{}: restoring container {} from {}: {}",
@@ -458,7 +504,11 @@ impl VmSandbox {
             dir.display(),
             args.to_args().join(" ")
         );
-        let mut vm = self.launch(cfg, &args).await?;
+        let launched = self.launch(cfg, &args).await;
+        if manifest.packed {
+            let _ = std::fs::remove_dir_all(&unpacked);
+        }
+        let mut vm = launched?;
         let pid = match self.after_restore(&vm.agent, &manifest.container_id).await {
             Ok(pid) => pid,
             Err(e) => {
@@ -489,13 +539,60 @@ impl VmSandbox {
             })
     }
 
-    async fn checkpoint_inner(&self, dir: &Path) -> Result<()> {
+    async fn checkpoint_inner(&self, dir: &Path, packed: bool) -> Result<()> {
         self.wake().await?;
         let vm = self.vm.lock().await;
         let vm = vm
             .as_ref()
             .ok_or_else(|| SandboxError::FailedPrecondition("the VM is not running".into()))?;
-        self.write_snapshot(vm, dir, SnapshotKind::Checkpoint).await
+        self.write_snapshot(vm, dir, SnapshotKind::Checkpoint { packed })
+            .await
+    }
+
+    /// Write a checkpoint into `dir` (packed for containerd, or plain), then
+    /// do what `after` says.
+    pub(super) async fn checkpoint_to(
+        &self,
+        dir: &Path,
+        after: AfterCheckpoint,
+        packed: bool,
+    ) -> Result<()> {
+        let r = self.checkpoint_inner(dir, packed).await;
+        if r.is_err() {
+            for name in [
+                snapshot::VM_DIR.to_string(),
+                snapshot::ROOTFS.to_string(),
+                snapshot::packed(snapshot::ROOTFS),
+                snapshot::MANIFEST.to_string(),
+            ] {
+                let p = dir.join(name);
+                let _ = std::fs::remove_dir_all(&p).or_else(|_| std::fs::remove_file(&p));
+            }
+        }
+        // The VMM leaves the VM paused after a snapshot (and after most
+        // failures).
+        match after {
+            AfterCheckpoint::StayPaused => {}
+            AfterCheckpoint::Resume => {
+                let vm = self.vm.lock().await;
+                if let Some(vm) = vm.as_ref() {
+                    if let Err(e) = vm.vmm.command("resume").await {
+                        tracing::error!("resuming the VM after a checkpoint: {e}");
+                        if r.is_ok() {
+                            return Err(e);
+                        }
+                    }
+                }
+            }
+            AfterCheckpoint::Exit => {
+                if r.is_ok() {
+                    self.exited_by_checkpoint
+                        .store(true, std::sync::atomic::Ordering::SeqCst);
+                    self.stop_vm().await;
+                }
+            }
+        }
+        r
     }
 
     /// Snapshot the VM (left paused) into `dir` with a manifest (see
@@ -515,9 +612,9 @@ impl VmSandbox {
         };
         std::fs::create_dir_all(dir)
             .map_err(|e| SandboxError::Internal(format!("creating {}: {e}", dir.display())))?;
-        let (vm_name, incremental) = match kind {
-            SnapshotKind::Checkpoint => (None, false),
-            SnapshotKind::Hibernation { name, incremental } => (Some(name), incremental),
+        let (vm_name, incremental, packed) = match kind {
+            SnapshotKind::Checkpoint { packed } => (None, false, packed),
+            SnapshotKind::Hibernation { name, incremental } => (Some(name), incremental, false),
         };
         let vm_dir = dir.join(vm_name.unwrap_or(snapshot::VM_DIR));
         let started = std::time::Instant::now();
@@ -535,7 +632,19 @@ impl VmSandbox {
             )
             .await?;
         // The VM is paused now, so the disk matches the memory snapshot.
-        if matches!(kind, SnapshotKind::Checkpoint) {
+        if packed {
+            let memory = vm_dir.join(snapshot::MEMORY);
+            let jobs = [
+                (memory.clone(), vm_dir.join(snapshot::packed(snapshot::MEMORY))),
+                (rootfs.disk.clone(), dir.join(snapshot::packed(snapshot::ROOTFS))),
+            ];
+            for (from, to) in jobs {
+                sparse_job("packing", from, to, sparse::pack).await?;
+            }
+            std::fs::remove_file(&memory).map_err(|e| {
+                SandboxError::Internal(format!("removing {}: {e}", memory.display()))
+            })?;
+        } else if matches!(kind, SnapshotKind::Checkpoint { .. }) {
             snapshot::copy_disk(&rootfs.disk, &dir.join(snapshot::ROOTFS)).await?;
         }
         snapshot::write_manifest(
@@ -553,6 +662,7 @@ impl VmSandbox {
                     .map_or(0, |d| d.as_secs()),
                 spec,
                 vm: vm_name.map(String::from),
+                packed,
             },
         )?;
         tracing::info!(
@@ -636,37 +746,8 @@ impl Sandbox for VmSandbox {
     }
 
     async fn checkpoint(&self, dir: &Path, after: AfterCheckpoint) -> Result<()> {
-        let r = self.checkpoint_inner(dir).await;
-        if r.is_err() {
-            for name in [snapshot::VM_DIR, snapshot::ROOTFS, snapshot::MANIFEST] {
-                let p = dir.join(name);
-                let _ = std::fs::remove_dir_all(&p).or_else(|_| std::fs::remove_file(&p));
-            }
-        }
-        // The VMM leaves the VM paused after a snapshot (and after most
-        // failures).
-        match after {
-            AfterCheckpoint::StayPaused => {}
-            AfterCheckpoint::Resume => {
-                let vm = self.vm.lock().await;
-                if let Some(vm) = vm.as_ref() {
-                    if let Err(e) = vm.vmm.command("resume").await {
-                        tracing::error!("resuming the VM after a checkpoint: {e}");
-                        if r.is_ok() {
-                            return Err(e);
-                        }
-                    }
-                }
-            }
-            AfterCheckpoint::Exit => {
-                if r.is_ok() {
-                    self.exited_by_checkpoint
-                        .store(true, std::sync::atomic::Ordering::SeqCst);
-                    self.stop_vm().await;
-                }
-            }
-        }
-        r
+        // containerd tars it without holes: pack the sparse files.
+        self.checkpoint_to(dir, after, true).await
     }
 
     async fn start_container(&self, id: &str) -> Result<()> {

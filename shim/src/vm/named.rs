@@ -14,7 +14,7 @@
 use std::path::PathBuf;
 
 use super::VmSandbox;
-use crate::sandbox::{AfterCheckpoint, Result, Sandbox, SandboxError};
+use crate::sandbox::{AfterCheckpoint, Result, SandboxError};
 
 /// The named checkpoints' directory inside `snapshot_dir`.
 pub const NAMED_DIR: &str = ".checkpoints";
@@ -73,7 +73,9 @@ impl VmSandbox {
         } else {
             AfterCheckpoint::Resume
         };
-        let r = self.checkpoint(&dir, after).await;
+        // Plain sparse files: restores map the memory file straight from
+        // here.
+        let r = self.checkpoint_to(&dir, after, false).await;
         if r.is_err() {
             let _ = std::fs::remove_dir_all(&dir);
         }

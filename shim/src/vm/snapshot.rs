@@ -9,6 +9,11 @@
 //! <dir>/rootfs.img    copy of the container's writable disk at that instant
 //! ```
 //!
+//! A checkpoint written for containerd is *packed* (manifest `packed`):
+//! `vm/memory.packed` and `rootfs.img.packed` in [`super::sparse`]'s form in
+//! place of the two sparse files, because containerd's tar would store
+//! their holes as zeros.
+//!
 //! A hibernation snapshot (`<snapshot_dir>/<namespace>/<sandbox id>/`) has
 //! the same layout without `rootfs.img` (the sandbox's disk stays in its
 //! state directory, untouched while the VM is stopped), and its VM snapshots
@@ -30,6 +35,10 @@ pub const MANIFEST: &str = "burrow.json";
 pub const VM_DIR: &str = "vm";
 /// The copied writable disk.
 pub const ROOTFS: &str = "rootfs.img";
+/// The VMM's memory file inside its snapshot directory.
+pub const MEMORY: &str = "memory";
+/// Suffix of a packed file (see [`super::sparse`]).
+pub const PACKED: &str = ".packed";
 /// Format version this shim writes and reads.
 pub const FORMAT_VERSION: u32 = 1;
 /// Largest manifest read (the spec is bounded by MAX_SPEC_BYTES, plus room).
@@ -59,6 +68,14 @@ pub struct Manifest {
     /// [`VM_DIR`] (hibernation chains: `vm-<n>`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vm: Option<String>,
+    /// The memory file and the disk are packed (`*.packed`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub packed: bool,
+}
+
+/// `name` with the packed suffix.
+pub fn packed(name: &str) -> String {
+    format!("{name}{PACKED}")
 }
 
 impl Manifest {
@@ -136,9 +153,10 @@ pub fn read_manifest_with(dir: &Path, with_rootfs: bool) -> Result<Manifest> {
         }
     }
     let vm = m.vm_dir(dir);
-    let mut need = vec![vm.join("state"), vm.join("memory")];
+    let name = |n: &str| if m.packed { packed(n) } else { n.to_string() };
+    let mut need = vec![vm.join("state"), vm.join(name(MEMORY))];
     if with_rootfs {
-        need.push(dir.join(ROOTFS));
+        need.push(dir.join(name(ROOTFS)));
     }
     for f in need {
         if !f.is_file() {
@@ -195,6 +213,7 @@ mod tests {
             created_unix: 1,
             spec: serde_json::json!({"ociVersion": "1.0.2"}),
             vm: None,
+            packed: false,
         }
     }
 

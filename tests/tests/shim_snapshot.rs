@@ -216,6 +216,8 @@ fn checkpoint_then_restore_continues_the_process_tree_three_times_and_refuses_a_
     // A named checkpoint in a directory (what --image-path would give, which
     // containerd 1.6 passes only to runc).
     let state_dir = c.burrow_state().display().to_string();
+    // Read before the checkpoint: the restored counter starts from at least this.
+    let named_at = counter(&c, "t-src", "c-named");
     let nc = c.burrow(&["sandbox", "checkpoint", "--state-dir", &state_dir, "t-src", "named1"]);
     assert_eq!(nc.code, Some(0), "burrow sandbox checkpoint: {nc:?}\n{}", c.diagnostics());
     let named = c.snapshot_dir().join(".checkpoints/named1");
@@ -223,7 +225,6 @@ fn checkpoint_then_restore_continues_the_process_tree_three_times_and_refuses_a_
     let again = c.burrow(&["sandbox", "checkpoint", "--state-dir", &state_dir, "t-src", "named1"]);
     assert_ne!(again.code, Some(0), "a named checkpoint was overwritten: {again:?}");
     assert!(again.stderr.contains("remove it first"), "{again:?}");
-    let named_at = counter(&c, "t-src", "c-named");
     remove(&c, "t-src");
 
     // One checkpoint, three restored containers under new ids.

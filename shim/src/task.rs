@@ -222,6 +222,18 @@ fn checkpoint_exit(options: Option<&Any>) -> bool {
     })
 }
 
+/// Refuse unless container `id`'s init runs.
+fn require_running(c: &Container, id: &str) -> TtrpcResult<()> {
+    if c.init.state == ProcState::Running {
+        Ok(())
+    } else {
+        Err(status(
+            Code::FAILED_PRECONDITION,
+            format!("container {id} is not running"),
+        ))
+    }
+}
+
 fn to_any(msg: &dyn MessageDyn) -> TtrpcResult<Any> {
     let mut value = Vec::new();
     msg.write_to_vec_dyn(&mut value)
@@ -572,11 +584,8 @@ impl TaskService {
                     format!("process {}/{} was already started", req.id, req.exec_id),
                 ));
             }
-            if !req.exec_id.is_empty() && c.init.state != ProcState::Running {
-                return Err(status(
-                    Code::FAILED_PRECONDITION,
-                    format!("container {} is not running", req.id),
-                ));
+            if !req.exec_id.is_empty() {
+                require_running(c, &req.id)?;
             }
             (p.stdio.clone(), p.exec.clone(), p.restored)
         };
@@ -821,12 +830,7 @@ impl Task for TaskService {
                 .containers
                 .get(&req.id)
                 .ok_or_else(|| not_found(format!("container {}", req.id)))?;
-            if c.init.state != ProcState::Running {
-                return Err(status(
-                    Code::FAILED_PRECONDITION,
-                    format!("container {} is not running", req.id),
-                ));
-            }
+            require_running(c, &req.id)?;
             if st.paused {
                 return Err(status(
                     Code::FAILED_PRECONDITION,
@@ -888,12 +892,7 @@ impl Task for TaskService {
                 .containers
                 .get(&req.id)
                 .ok_or_else(|| not_found(format!("container {}", req.id)))?;
-            if c.init.state != ProcState::Running {
-                return Err(status(
-                    Code::FAILED_PRECONDITION,
-                    format!("container {} is not running", req.id),
-                ));
-            }
+            require_running(c, &req.id)?;
             st.paused
         };
         if req.path.is_empty() {
@@ -1000,12 +999,7 @@ impl Task for TaskService {
                 .containers
                 .get_mut(&req.id)
                 .ok_or_else(|| not_found(format!("container {}", req.id)))?;
-            if c.init.state != ProcState::Running {
-                return Err(status(
-                    Code::FAILED_PRECONDITION,
-                    format!("container {} is not running", req.id),
-                ));
-            }
+            require_running(c, &req.id)?;
             if c.execs.contains_key(&req.exec_id) {
                 return Err(status(
                     Code::ALREADY_EXISTS,

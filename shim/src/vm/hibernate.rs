@@ -35,7 +35,6 @@ use tokio::net::{UnixListener, UnixStream};
 
 use super::agent::Agent;
 use super::snapshot;
-use super::vmm::VmmArgs;
 use super::VmSandbox;
 use crate::sandbox::{Result, SandboxError};
 use crate::spec;
@@ -309,7 +308,6 @@ impl VmSandbox {
         let cfg = self.cfg()?.clone();
         let dir = self.hibernate_dir.clone();
         let manifest = snapshot::read_manifest_with(&dir, false)?;
-        let restore = manifest.vm_dir(&dir);
         let disk = self
             .containers
             .lock()
@@ -320,28 +318,9 @@ impl VmSandbox {
             .ok_or_else(|| {
                 SandboxError::FailedPrecondition("the sandbox has no container".into())
             })?;
-        let args = VmmArgs {
-            binary: cfg.vmm_binary(),
-            kernel: cfg.kernel.clone(),
-            initrd: None,
-            cmdline: String::new(),
-            disks: vec![disk],
-            vsock: self.path("vsock.sock"),
-            api: self.path("api.sock"),
-            serial_log: self.path("console.log"),
-            vcpus: manifest.vcpus,
-            memory_mib: manifest.memory_mib,
-            restore: Some(restore),
-        };
-        let mut vm = self.launch(&cfg, &args).await?;
-        if let Err(e) = self.after_restore(&vm.agent, &manifest.container_id).await {
-            vm.vmm.kill().await;
-            return Err(e);
-        }
-        let _ = std::fs::write(self.path("vmm.pid"), vm.vmm.pid.to_string());
-        *self.exited.lock().unwrap_or_else(|p| p.into_inner()) = Some(vm.vmm.exited());
-        *self.agent.lock().unwrap_or_else(|p| p.into_inner()) = Some(vm.agent.clone());
-        *slot = Some(vm);
+        let args = self.restore_args(&cfg, &manifest, disk, manifest.vm_dir(&dir));
+        self.launch_restored(&cfg, &args, &manifest.container_id, &mut slot)
+            .await?;
         // The snapshot stays: the base of the next hibernation's.
         self.touch();
         self.phase

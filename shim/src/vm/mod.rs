@@ -326,23 +326,54 @@ impl VmSandbox {
         })
     }
 
+    /// Refuse (saying `why`) when this sandbox has a VM or a container
+    /// already: a burrow VM runs one container for now.
+    fn require_no_container(&self, vm_slot: &Option<Vm>, why: &str) -> Result<()> {
+        let empty = self
+            .containers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty();
+        if vm_slot.is_none() && empty {
+            Ok(())
+        } else {
+            Err(SandboxError::Unimplemented(format!(
+                "a burrow VM runs one container for now: {why}"
+            )))
+        }
+    }
+
+    /// burrow-vmm's arguments to restore the snapshot in `vm_dir` (taken
+    /// with `manifest`) onto `disk`.
+    fn restore_args(
+        &self,
+        cfg: &Config,
+        manifest: &snapshot::Manifest,
+        disk: (PathBuf, bool),
+        vm_dir: PathBuf,
+    ) -> VmmArgs {
+        VmmArgs {
+            binary: cfg.vmm_binary(),
+            kernel: cfg.kernel.clone(),
+            initrd: None,
+            cmdline: String::new(),
+            disks: vec![disk],
+            vsock: self.path("vsock.sock"),
+            api: self.path("api.sock"),
+            serial_log: self.path("console.log"),
+            vcpus: manifest.vcpus,
+            memory_mib: manifest.memory_mib,
+            restore: Some(vm_dir),
+        }
+    }
+
     async fn create_inner(
         &self,
         cfg: &Config,
         c: &ContainerConfig,
         vm_slot: &mut Option<Vm>,
     ) -> Result<u32> {
-        if vm_slot.is_some()
-            || !self
-                .containers
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .is_empty()
-        {
-            return Err(SandboxError::Unimplemented(
-                "a burrow VM runs one container for now: a second container would need disk hotplug".into(),
-            ));
-        }
+        self.require_no_container(vm_slot, "a second container would need disk hotplug")?;
         std::fs::create_dir_all(&self.dir)
             .map_err(|e| SandboxError::Internal(format!("creating {}: {e}", self.dir.display())))?;
         let (guest_spec, stripped) = spec::for_guest(&c.spec);
@@ -425,17 +456,7 @@ impl VmSandbox {
         dir: &Path,
         vm_slot: &mut Option<Vm>,
     ) -> Result<u32> {
-        if vm_slot.is_some()
-            || !self
-                .containers
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .is_empty()
-        {
-            return Err(SandboxError::Unimplemented(
-                "a burrow VM runs one container for now: cannot restore into a sandbox that has one".into(),
-            ));
-        }
+        self.require_no_container(vm_slot, "cannot restore into a sandbox that has one")?;
         let manifest = snapshot::read_manifest(dir)?;
         self.check_socket_paths()?;
         std::fs::create_dir_all(&self.dir)
@@ -484,19 +505,7 @@ impl VmSandbox {
             snapshot::copy_disk(&dir.join(snapshot::ROOTFS), &img).await?;
             snapshot::vm_dir(dir)
         };
-        let args = VmmArgs {
-            binary: cfg.vmm_binary(),
-            kernel: cfg.kernel.clone(),
-            initrd: None,
-            cmdline: String::new(),
-            disks: vec![(img, manifest.rootfs_read_only)],
-            vsock: self.path("vsock.sock"),
-            api: self.path("api.sock"),
-            serial_log: self.path("console.log"),
-            vcpus: manifest.vcpus,
-            memory_mib: manifest.memory_mib,
-            restore: Some(vm_dir),
-        };
+        let args = self.restore_args(cfg, &manifest, (img, manifest.rootfs_read_only), vm_dir);
         tracing::info!(
             "{}: restoring container {} from {}: {}",
             c.id,
@@ -504,12 +513,27 @@ impl VmSandbox {
             dir.display(),
             args.to_args().join(" ")
         );
-        let launched = self.launch(cfg, &args).await;
+        let r = self
+            .launch_restored(cfg, &args, &manifest.container_id, vm_slot)
+            .await;
         if manifest.packed {
             let _ = std::fs::remove_dir_all(&unpacked);
         }
-        let mut vm = launched?;
-        let pid = match self.after_restore(&vm.agent, &manifest.container_id).await {
+        r
+    }
+
+    /// Start burrow-vmm with restore `args`, bring the guest up to date
+    /// ([`after_restore`](Self::after_restore)) and make it this sandbox's
+    /// VM; returns the pid of container `guest_id`'s init.
+    async fn launch_restored(
+        &self,
+        cfg: &Config,
+        args: &VmmArgs,
+        guest_id: &str,
+        vm_slot: &mut Option<Vm>,
+    ) -> Result<u32> {
+        let mut vm = self.launch(cfg, args).await?;
+        let pid = match self.after_restore(&vm.agent, guest_id).await {
             Ok(pid) => pid,
             Err(e) => {
                 vm.vmm.kill().await;

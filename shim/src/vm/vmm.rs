@@ -39,49 +39,41 @@ pub struct VmmArgs {
 impl VmmArgs {
     /// The command line (without the binary).
     pub fn to_args(&self) -> Vec<String> {
-        if let Some(dir) = &self.restore {
-            let mut a = vec![
-                "run".to_string(),
-                "--restore".into(),
-                dir.display().to_string(),
-                "--vsock".into(),
-                self.vsock.display().to_string(),
-                "--api".into(),
-                self.api.display().to_string(),
-                "--serial-log".into(),
-                self.serial_log.display().to_string(),
-            ];
-            for (d, _ro) in &self.disks {
-                // The read-only flag comes from the snapshot.
-                a.push("--disk".into());
-                a.push(d.display().to_string());
-            }
-            return a;
+        let mut a = vec!["run".to_string()];
+        match &self.restore {
+            Some(dir) => a.extend(["--restore".into(), dir.display().to_string()]),
+            None => a.extend([
+                "--kernel".into(),
+                self.kernel.display().to_string(),
+                "--cmdline".into(),
+                self.cmdline.clone(),
+            ]),
         }
-        let mut a = vec![
-            "run".to_string(),
-            "--kernel".into(),
-            self.kernel.display().to_string(),
-            "--cmdline".into(),
-            self.cmdline.clone(),
+        a.extend([
             "--vsock".into(),
             self.vsock.display().to_string(),
             "--api".into(),
             self.api.display().to_string(),
             "--serial-log".into(),
             self.serial_log.display().to_string(),
-            "--vcpus".into(),
-            self.vcpus.to_string(),
-            "--mem".into(),
-            self.memory_mib.to_string(),
-        ];
-        if let Some(i) = &self.initrd {
-            a.push("--initrd".into());
-            a.push(i.display().to_string());
+        ]);
+        let restoring = self.restore.is_some();
+        if !restoring {
+            // A restore takes the VM's size and initrd from the snapshot.
+            a.extend([
+                "--vcpus".into(),
+                self.vcpus.to_string(),
+                "--mem".into(),
+                self.memory_mib.to_string(),
+            ]);
+            if let Some(i) = &self.initrd {
+                a.extend(["--initrd".into(), i.display().to_string()]);
+            }
         }
         for (d, ro) in &self.disks {
             a.push("--disk".into());
-            a.push(if *ro {
+            // On a restore the read-only flag comes from the snapshot.
+            a.push(if *ro && !restoring {
                 format!("{}:ro", d.display())
             } else {
                 d.display().to_string()
@@ -336,6 +328,14 @@ mod tests {
         assert!(s.contains("--disk /d --disk /r:ro"));
         assert!(s.contains("--vcpus 2 --mem 256"));
         assert!(s.contains("--initrd /i"));
+        let r = VmmArgs {
+            restore: Some("/snap/vm".into()),
+            ..a
+        };
+        assert_eq!(
+            r.to_args().join(" "),
+            "run --restore /snap/vm --vsock /s/v --api /s/a --serial-log /s/c --disk /d --disk /r"
+        );
     }
 
     #[tokio::test]

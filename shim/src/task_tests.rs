@@ -70,6 +70,24 @@ impl H {
         }
     }
 
+    /// `/tasks/oom` events published so far.
+    fn ooms(&self) -> usize {
+        self.ev
+            .topics()
+            .iter()
+            .filter(|t| *t == "/tasks/oom")
+            .count()
+    }
+
+    /// Wait (5 s at most, else fail saying `why`) for `n` OOM events.
+    async fn wait_ooms(&self, n: usize, why: &str) {
+        let start = std::time::Instant::now();
+        while self.ooms() < n {
+            assert!(start.elapsed() < Duration::from_secs(5), "{why}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
@@ -536,20 +554,12 @@ async fn guest_oom_kills_become_task_oom_events() {
         .await
         .expect("create");
     h.start("c", "").await.expect("start");
-    let ooms = || h.ev.topics().iter().filter(|t| *t == "/tasks/oom").count();
     for n in 1..=2 {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         h.sb.oom_kill();
-        let start = std::time::Instant::now();
-        while ooms() < n {
-            assert!(
-                start.elapsed() < std::time::Duration::from_secs(5),
-                "no /tasks/oom event"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
+        h.wait_ooms(n, "no /tasks/oom event").await;
     }
-    assert_eq!(ooms(), 2);
+    assert_eq!(h.ooms(), 2);
 }
 
 #[tokio::test]
@@ -567,24 +577,17 @@ async fn a_restored_task_reports_only_oom_kills_after_its_restore() {
     };
     h.svc.create(&ctx(), req).await.expect("restore");
     h.start("r", "").await.expect("start");
-    let ooms = || h.ev.topics().iter().filter(|t| *t == "/tasks/oom").count();
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     assert_eq!(
-        ooms(),
+        h.ooms(),
         0,
         "old OOM kills reported as new: {:?}",
         h.ev.topics()
     );
     h.sb.oom_kill();
-    let start = std::time::Instant::now();
-    while ooms() < 1 {
-        assert!(
-            start.elapsed() < std::time::Duration::from_secs(5),
-            "a new OOM kill after the restore was not reported"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    assert_eq!(ooms(), 1);
+    h.wait_ooms(1, "a new OOM kill after the restore was not reported")
+        .await;
+    assert_eq!(h.ooms(), 1);
 }
 
 #[tokio::test]

@@ -86,31 +86,18 @@ fn main() -> Result<()> {
             let root = state_dir.unwrap_or_else(sandbox::state_dir_from_config);
             // Snapshots of big VMs on slow disks take a while.
             let timeout = std::time::Duration::from_secs(600);
+            let dir = |id: &str| sandbox::sandbox_dir(&root, &namespace, id);
             match verb {
                 SandboxVerb::Ls => print!("{}", sandbox::ls(&root)),
                 SandboxVerb::Hibernate { id } => {
-                    let state = sandbox::command(
-                        &sandbox::sandbox_dir(&root, &namespace, &id)?,
-                        "hibernate",
-                        timeout,
-                    )?;
-                    println!("{id}: {state}");
-                }
-                SandboxVerb::Checkpoint { id, name } => {
-                    let (state, dir) = sandbox::checkpoint(
-                        &sandbox::sandbox_dir(&root, &namespace, &id)?,
-                        &name,
-                        timeout,
-                    )?;
-                    println!("{id}: checkpoint {name} written to {dir} ({state})");
+                    println!("{id}: {}", sandbox::command(&dir(&id)?, "hibernate", timeout)?);
                 }
                 SandboxVerb::Wake { id } => {
-                    let state = sandbox::command(
-                        &sandbox::sandbox_dir(&root, &namespace, &id)?,
-                        "wake",
-                        timeout,
-                    )?;
-                    println!("{id}: {state}");
+                    println!("{id}: {}", sandbox::command(&dir(&id)?, "wake", timeout)?);
+                }
+                SandboxVerb::Checkpoint { id, name } => {
+                    let (state, at) = sandbox::checkpoint(&dir(&id)?, &name, timeout)?;
+                    println!("{id}: checkpoint {name} written to {at} ({state})");
                 }
             }
             Ok(())

@@ -25,6 +25,13 @@ const WORKLOAD: &str = "sleep 100000 & \
     (i=0; while true; do i=$((i+1)); echo tick$i; sleep 1; done | nc 127.0.0.1 7000 &) ; \
     i=0; while true; do i=$((i+1)); echo $i > /tmp/counter; sleep 1; done";
 
+/// `ctr run -d` with `flags`, and wait until the task runs.
+fn run_detached(c: &Containerd, flags: &[&str], id: &str, cmd: &[&str]) {
+    let r = c.ctr(&Containerd::run_args(flags, id, cmd));
+    assert_eq!(r.code, Some(0), "run {id}: {r:?}\n{}", c.diagnostics());
+    c.wait_status(id, "RUNNING", LONG);
+}
+
 fn containerd(name: &str) -> Containerd {
     Containerd::start(
         name,
@@ -166,13 +173,7 @@ fn corrupt_checkpoint_blob(root: &Path) {
 #[test]
 fn checkpoint_then_restore_continues_the_process_tree_three_times_and_refuses_a_corrupt_one() {
     let c = containerd("snap");
-    let r = c.ctr(&Containerd::run_args(
-        &["-d"],
-        "t-src",
-        &["sh", "-c", WORKLOAD],
-    ));
-    assert_eq!(r.code, Some(0), "{r:?}\n{}", c.diagnostics());
-    c.wait_status("t-src", "RUNNING", LONG);
+    run_detached(&c, &["-d"], "t-src", &["sh", "-c", WORKLOAD]);
     let start = Instant::now();
     let mut n = 0;
     while n < 3 {
@@ -285,13 +286,12 @@ fn checkpoint_then_restore_continues_the_process_tree_three_times_and_refuses_a_
     c.assert_clean(CLEAN);
 
     // `ctr run` with io.burrow.restore starts from the named checkpoint.
-    let r = c.ctr(&Containerd::run_args(
+    run_detached(
+        &c,
         &["-d", "--annotation", "io.burrow.restore=named1"],
         "t-named",
         &["sh", "-c", "echo this process must not start; exit 3"],
-    ));
-    assert_eq!(r.code, Some(0), "restore by name: {r:?}\n{}", c.diagnostics());
-    c.wait_status("t-named", "RUNNING", LONG);
+    );
     let got = counter(&c, "t-named", "n-c1");
     assert!(got >= named_at, "t-named: the counter restarted: {got} < {named_at}");
     assert_eq!(long_lived(&c, "t-named", "n-ps"), procs);
@@ -372,13 +372,7 @@ const COUNTER: &str =
 fn hibernate_stops_the_vmm_and_the_next_call_wakes_it_transparently() {
     let c = containerd("hib");
     let state_dir = c.burrow_state().display().to_string();
-    let r = c.ctr(&Containerd::run_args(
-        &["-d"],
-        "t-hib",
-        &["sh", "-c", COUNTER],
-    ));
-    assert_eq!(r.code, Some(0), "{r:?}\n{}", c.diagnostics());
-    c.wait_status("t-hib", "RUNNING", LONG);
+    run_detached(&c, &["-d"], "t-hib", &["sh", "-c", COUNTER]);
     while counter(&c, "t-hib", "h-c0") < 2 {
         std::thread::sleep(Duration::from_secs(1));
     }
@@ -443,13 +437,12 @@ fn hibernate_stops_the_vmm_and_the_next_call_wakes_it_transparently() {
     c.assert_clean(CLEAN);
 
     // Hibernate on idle (annotation), woken by kill; a clean delete.
-    let r = c.ctr(&Containerd::run_args(
+    run_detached(
+        &c,
         &["-d", "--annotation", "io.burrow.hibernate_idle_secs=5"],
         "t-idle",
         &["sh", "-c", COUNTER],
-    ));
-    assert_eq!(r.code, Some(0), "{r:?}\n{}", c.diagnostics());
-    c.wait_status("t-idle", "RUNNING", LONG);
+    );
     let t = Instant::now();
     while sandbox_state(&c, "t-idle") != "asleep" {
         assert!(

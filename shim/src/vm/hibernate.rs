@@ -182,9 +182,8 @@ impl VmSandbox {
         name: &str,
         incremental: bool,
     ) -> Result<()> {
+        // (write_snapshot creates `dir`.)
         remove_dir_only(&dir.join(name));
-        std::fs::create_dir_all(dir)
-            .map_err(|e| SandboxError::Internal(format!("creating {}: {e}", dir.display())))?;
         let r = self
             .write_snapshot(
                 vm,

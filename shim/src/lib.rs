@@ -15,6 +15,19 @@ pub mod stdio;
 pub mod task;
 pub mod vm;
 
+/// Whether `name` is safe as one path component: 1..=`max` bytes of
+/// `[A-Za-z0-9_.-]`, not `.` or `..` (container and exec ids, checkpoint
+/// and snapshot directory names).
+pub fn is_plain_name(name: &str, max: usize) -> bool {
+    !name.is_empty()
+        && name.len() <= max
+        && name != "."
+        && name != ".."
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+}
+
 #[cfg(test)]
 mod fake;
 #[cfg(test)]

@@ -190,14 +190,7 @@ pub fn now() -> Timestamp {
 /// Check a container or exec id: non-empty, bounded, and safe as a path
 /// component.
 pub fn validate_id(kind: &str, id: &str) -> Result<(), ttrpc::Error> {
-    let ok = !id.is_empty()
-        && id.len() <= burrow_protocol::MAX_ID_LEN
-        && id != "."
-        && id != ".."
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
-    if ok {
+    if crate::is_plain_name(id, burrow_protocol::MAX_ID_LEN) {
         Ok(())
     } else {
         Err(status(

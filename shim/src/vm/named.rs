@@ -23,13 +23,7 @@ pub const MAX_NAME: usize = 64;
 
 /// Whether `name` may name a checkpoint.
 pub fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= MAX_NAME
-        && name != "."
-        && name != ".."
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+    crate::is_plain_name(name, MAX_NAME)
 }
 
 impl VmSandbox {

@@ -141,14 +141,7 @@ pub fn read_manifest_with(dir: &Path, with_rootfs: bool) -> Result<Manifest> {
         return Err(bad("VM size is zero".into()));
     }
     if let Some(name) = &m.vm {
-        let plain = !name.is_empty()
-            && name.len() <= 64
-            && name != "."
-            && name != ".."
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
-        if !plain {
+        if !crate::is_plain_name(name, 64) {
             return Err(bad(format!("bad vm directory name {name:?}")));
         }
     }

@@ -243,3 +243,87 @@ fn agent_in_a_vm_runs_a_busybox_container() {
     assert_eq!(st.code(), Some(0), "{}", vm.diagnostics());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// hack/demo's command without containerd, many times in one guest (cheap:
+/// about 1 s a container in the nested test host): each container has
+/// containerd's default mounts, masks and a PID namespace, and `ps`, its
+/// PID 1, must always list itself. Every other run also prints what its
+/// /proc is, for the failure message. BURROW_TEST_REPEAT sets the count.
+#[test]
+fn ps_as_pid_1_lists_itself_in_every_container() {
+    let dir = std::env::temp_dir().join(format!("burrow-agent-vm-ps-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let disk = make_disk(&dir);
+    let mut vm = boot(&dir, &disk);
+    let stream = agent_vm::connect(&mut vm, BOOT_TIMEOUT);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let n: usize = std::env::var("BURROW_TEST_REPEAT").ok().and_then(|v| v.parse().ok()).unwrap_or(120);
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rt.block_on(async {
+        let c = agent_vm::client(stream);
+        let mut bad = Vec::new();
+        let started = std::time::Instant::now();
+        for i in 0..n {
+            let diag = i % 2 == 1;
+            let script = if diag {
+                "echo \"hello $(uname -r) $(grep -c ^processor /proc/cpuinfo)\"; echo visible:; ps -o pid,comm; echo DIAG; readlink /proc/self; ls /proc | grep -c '^[0-9]'; grep proc /proc/self/mountinfo"
+            } else {
+                "echo \"hello $(uname -r) $(grep -c ^processor /proc/cpuinfo)\"; echo visible:; ps -o pid,comm"
+            };
+            let spec = serde_json::json!({
+                "ociVersion": "1.0.2",
+                "process": {"args": ["sh", "-c", script], "env": ["PATH=/bin"], "cwd": "/", "user": {"uid": 0, "gid": 0},
+                            "noNewPrivileges": true,
+                            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024}],
+                            "capabilities": {"bounding": ["CAP_CHOWN", "CAP_KILL", "CAP_SETUID", "CAP_SETGID", "CAP_DAC_OVERRIDE"],
+                                             "effective": ["CAP_CHOWN", "CAP_KILL", "CAP_SETUID", "CAP_SETGID", "CAP_DAC_OVERRIDE"],
+                                             "permitted": ["CAP_CHOWN", "CAP_KILL", "CAP_SETUID", "CAP_SETGID", "CAP_DAC_OVERRIDE"]}},
+                "root": {"path": "rootfs"},
+                "hostname": "bb",
+                "mounts": [
+                    {"destination": "/proc", "type": "proc", "source": "proc", "options": ["nosuid", "noexec", "nodev"]},
+                    {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+                    {"destination": "/dev/pts", "type": "devpts", "source": "devpts", "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"]},
+                    {"destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]},
+                    {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue", "options": ["nosuid", "noexec", "nodev"]},
+                    {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]},
+                    {"destination": "/run", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]}
+                ],
+                "linux": {
+                    "namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, {"type": "network"}],
+                    "maskedPaths": ["/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
+                                    "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware", "/proc/scsi"],
+                    "readonlyPaths": ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
+                }
+            });
+            let id = format!("s{i}");
+            let mut req = CreateContainerRequest::new();
+            req.container_id = id.clone();
+            req.oci_spec = serde_json::to_vec(&spec).unwrap();
+            let mut rootfs = Rootfs::new();
+            rootfs.source = "/dev/vda".into();
+            rootfs.fstype = "ext4".into();
+            req.rootfs = Some(rootfs).into();
+            c.create_container(ctx(), &req).await.unwrap();
+            let mut start = ContainerRequest::new();
+            start.container_id = id.clone();
+            c.start_container(ctx(), &start).await.unwrap();
+            let out = String::from_utf8_lossy(&read_all(&c, &id, "").await).into_owned();
+            let w = wait(&c, &id, "").await;
+            let ok = out.contains("visible:\nPID   COMMAND\n    1 ") && w.exit_code == 0;
+            if !ok {
+                bad.push(format!("run {i} ({}): exit {}, stdout {out:?}", if diag { "with /proc details" } else { "plain" }, w.exit_code));
+            }
+            c.delete_container(ctx(), &start).await.unwrap();
+        }
+        eprintln!("{n} containers in {:?}", started.elapsed());
+        c.power_off(ctx(), &PowerOffRequest::new()).await.unwrap();
+        assert!(bad.is_empty(), "{} of {n} listings lost ps's own row:\n{}", bad.len(), bad.join("\n"));
+    })));
+    if let Err(panic) = outcome {
+        eprintln!("{}", vm.diagnostics());
+        std::panic::resume_unwind(panic);
+    }
+    let _ = vm.wait_exit(Duration::from_secs(120));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -34,7 +34,7 @@ fn ctr_run_prints_output_and_exit_status_from_a_separate_kernel() {
     let r = c.ctr(&run(
         &["--rm"],
         "t-run",
-        &["sh", "-c", "echo hello from burrow; cat /proc/sys/kernel/osrelease; ps -o comm; exit 7"],
+        &["sh", "-c", "echo hello from burrow; cat /proc/sys/kernel/osrelease; sleep 1000 & ps -o pid,comm; exit 7"],
     ));
     assert_eq!(r.code, Some(7), "exit 7 must come back as 7: {r:?}\n{}", c.diagnostics());
     let lines: Vec<&str> = r.stdout.lines().collect();
@@ -44,13 +44,83 @@ fn ctr_run_prints_output_and_exit_status_from_a_separate_kernel() {
         !guest_kernel.is_empty() && guest_kernel != host_kernel.trim(),
         "the container must run on its own kernel: host {host_kernel:?}, container {guest_kernel:?}"
     );
+    let procs = ps_rows(&lines[2.min(lines.len())..]);
     for host_only in ["containerd", "containerd-shim", "burrow-vmm", "ctr"] {
         assert!(
-            !lines.iter().skip(2).any(|l| l.trim() == host_only),
+            !procs.iter().any(|(_, comm)| comm == host_only),
             "host process {host_only} is visible inside the container:\n{}",
             r.stdout
         );
     }
+    // The container's own processes are: its command as PID 1, the
+    // backgrounded sleep and ps itself.
+    assert!(procs.contains(&(1, "sh".to_string())), "PID 1 must be the container's sh:\n{}", r.stdout);
+    for own in ["sleep", "ps"] {
+        assert!(
+            procs.iter().any(|(pid, comm)| comm == own && *pid > 1),
+            "the container's {own} is not visible inside it:\n{}",
+            r.stdout
+        );
+    }
+    c.assert_clean(CLEAN);
+}
+
+/// `ps -o pid,comm` output: the (pid, command) rows after its header.
+fn ps_rows(lines: &[&str]) -> Vec<(u32, String)> {
+    let mut rows = lines.iter().skip_while(|l| l.split_whitespace().collect::<Vec<_>>() != ["PID", "COMMAND"]);
+    assert!(rows.next().is_some(), "no `ps` header in {lines:?}");
+    rows.filter_map(|l| {
+        let (pid, comm) = l.trim().split_once(' ')?;
+        Some((pid.parse().ok()?, comm.trim().to_string()))
+    })
+    .collect()
+}
+
+/// How many times the repeat test runs each command (BURROW_TEST_REPEAT).
+fn repeats() -> usize {
+    std::env::var("BURROW_TEST_REPEAT").ok().and_then(|v| v.parse().ok()).unwrap_or(30)
+}
+
+/// hack/demo's command, many times: `ps`, the container's last command, is
+/// its PID 1 and must list itself in every run (hack/demo once printed only
+/// the header). And a process's last line before it exits must always
+/// arrive, after everything it printed before.
+#[test]
+fn every_line_arrives_in_repeated_runs() {
+    let c = containerd("repeat");
+    let n = repeats();
+    let mut failures = Vec::new();
+    for i in 0..n {
+        let id = format!("t-ps-{i}");
+        let r = c.ctr(&run(
+            &["--rm"],
+            &id,
+            &["sh", "-c", "echo \"hello: kernel $(uname -r), $(grep -c ^processor /proc/cpuinfo) vCPU\"; echo visible:; ps -o pid,comm"],
+        ));
+        let lines: Vec<&str> = r.stdout.lines().collect();
+        let ok = r.code == Some(0)
+            && lines.len() == 4
+            && lines[0].starts_with("hello: kernel ")
+            && lines[1] == "visible:"
+            && ps_rows(&lines[1..]) == [(1, "ps".to_string())];
+        if !ok {
+            failures.push(format!("ps, run {i}: {r:?}"));
+        }
+    }
+    let expected: String = (1..=300).map(|k| format!("{k}\n")).collect::<String>() + "the last line\n";
+    for i in 0..n {
+        let id = format!("t-last-{i}");
+        let r = c.ctr(&run(&["--rm"], &id, &["sh", "-c", "seq 1 300; echo the last line"]));
+        if r.code != Some(0) || r.stdout != expected {
+            failures.push(format!(
+                "last line, run {i}: code {:?}, stdout ends {:?}, stderr {:?}",
+                r.code,
+                r.stdout.get(r.stdout.len().saturating_sub(40)..),
+                r.stderr
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{} of {} runs lost output:\n{}\n{}", failures.len(), 2 * n, failures.join("\n"), c.diagnostics());
     c.assert_clean(CLEAN);
 }
 

@@ -193,8 +193,8 @@ persist_round_trip!(
     |fx: &Fixture, _: &_| BlockContext { path: fx.disk(), device: fx.device_ctx(VIRTIO_F_VERSION_1) },
     |_: &Fixture, b: &Block| {
         assert!(b.is_activated());
-        let q = b.save().active.unwrap().queues;
-        assert_eq!((q[0].next_avail, q[0].next_used), (3, 2));
+        let q = b.save().base.active.unwrap().queues;
+        assert_eq!((q[0].0.next_avail, q[0].0.next_used), (3, 2));
     }
 );
 
@@ -247,20 +247,20 @@ fn restore_refuses_state_that_does_not_fit() {
     assert!(e.to_string().contains("bytes"), "{e}");
     // A queue outside guest memory.
     let mut st = active_block(&fx).save();
-    if let Some(a) = st.active.as_mut() {
-        a.queues[0].desc_table = 0xfff_0000;
+    if let Some(a) = st.base.active.as_mut() {
+        a.queues[0].0.desc_table = 0xfff_0000;
     }
     let e = Block::restore(BlockContext { path: fx.disk(), device: fx.device_ctx(0) }, &st).err().unwrap();
     assert!(matches!(e, VirtioPersistError::Queue { index: 0, .. }), "{e}");
     // A queue larger than the device offers.
     let mut st = active_vsock(&fx).save();
-    if let Some(a) = st.active.as_mut() {
-        a.queues[2].max_size = 1024;
+    if let Some(a) = st.base.active.as_mut() {
+        a.queues[2].0.max_size = 1024;
     }
     assert!(Vsock::restore(VsockContext { uds_path: fx.sock(), device: fx.device_ctx(0) }, &st).is_err());
     // Too few queues.
     let mut st = active_vsock(&fx).save();
-    if let Some(a) = st.active.as_mut() {
+    if let Some(a) = st.base.active.as_mut() {
         a.queues.pop();
     }
     assert!(matches!(

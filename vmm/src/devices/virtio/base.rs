@@ -1,0 +1,222 @@
+//! What every virtio device shares, so each device only writes its own
+//! request handling: identity (device type, offered features, queue sizes,
+//! config space), activation (guest memory, the driver's queues, the
+//! interrupt and the acknowledged features), raising the used-buffer
+//! interrupt, the count of malformed requests, and the snapshot of all of
+//! it ([`BaseState`]). A device holds a [`VirtioBase`] and hands it to the
+//! [`VirtioDevice`](super::VirtioDevice) trait, whose default methods do
+//! the rest.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use virtio_queue::Queue;
+use vmm_sys_util::eventfd::EventFd;
+
+use super::persist::{restore_queues, DeviceContext, QueueSnap, VirtioPersistError};
+use super::{ActivateError, DeviceError, VIRTIO_MMIO_INT_VRING};
+use crate::GuestMemoryMmap;
+
+/// Raises the device's interrupt line: sets a bit in the transport's
+/// interrupt status and signals the irqfd (or, in tests, a plain eventfd).
+#[derive(Clone, Debug)]
+pub struct IrqTrigger {
+    pub status: Arc<AtomicU32>,
+    pub evt: Arc<EventFd>,
+}
+
+impl IrqTrigger {
+    pub fn new() -> std::io::Result<Self> {
+        Ok(Self {
+            status: Arc::new(AtomicU32::new(0)),
+            evt: Arc::new(EventFd::new(libc::EFD_NONBLOCK)?),
+        })
+    }
+
+    pub fn trigger(&self, bit: u32) -> Result<(), DeviceError> {
+        self.status.fetch_or(bit, Ordering::SeqCst);
+        self.evt.write(1).map_err(DeviceError::Irq)
+    }
+}
+
+/// What the driver handed over when it set DRIVER_OK.
+pub struct Active {
+    pub mem: GuestMemoryMmap,
+    pub queues: Vec<Queue>,
+    pub irq: IrqTrigger,
+    pub acked_features: u64,
+}
+
+/// The part of a virtio device that is the same for every device.
+pub struct VirtioBase {
+    device_type: u32,
+    avail_features: u64,
+    queue_max_sizes: Vec<u16>,
+    config: Vec<u8>,
+    active: Option<Active>,
+    /// Malformed requests the guest has sent so far.
+    pub errors: u64,
+}
+
+impl VirtioBase {
+    /// A device of `device_type` offering `avail_features` (which must
+    /// include VIRTIO_F_VERSION_1), one queue per entry of
+    /// `queue_max_sizes`, and `config` as its (read-only) config space.
+    pub fn new(
+        device_type: u32,
+        avail_features: u64,
+        queue_max_sizes: &[u16],
+        config: Vec<u8>,
+    ) -> Self {
+        Self {
+            device_type,
+            avail_features,
+            queue_max_sizes: queue_max_sizes.to_vec(),
+            config,
+            active: None,
+            errors: 0,
+        }
+    }
+
+    pub fn device_type(&self) -> u32 {
+        self.device_type
+    }
+
+    pub fn avail_features(&self) -> u64 {
+        self.avail_features
+    }
+
+    pub fn queue_max_sizes(&self) -> &[u16] {
+        &self.queue_max_sizes
+    }
+
+    /// Read config space at `offset`; bytes past the end read as 0.
+    pub fn read_config(&self, offset: u64, data: &mut [u8]) {
+        read_config_bytes(&self.config, offset, data)
+    }
+
+    /// Take over the driver's queues (one per queue the device offers).
+    pub fn activate(
+        &mut self,
+        mem: GuestMemoryMmap,
+        queues: Vec<Queue>,
+        irq: IrqTrigger,
+        acked_features: u64,
+    ) -> Result<(), ActivateError> {
+        if queues.len() != self.queue_max_sizes.len() {
+            return Err(ActivateError::QueueCount {
+                expected: self.queue_max_sizes.len(),
+                got: queues.len(),
+            });
+        }
+        self.active = Some(Active {
+            mem,
+            queues,
+            irq,
+            acked_features,
+        });
+        Ok(())
+    }
+
+    pub fn is_activated(&self) -> bool {
+        self.active.is_some()
+    }
+
+    /// The driver reset the device: drop the queues.
+    pub fn reset(&mut self) {
+        self.active = None;
+    }
+
+    /// The activated device's memory, queues and interrupt.
+    pub fn active(&self) -> Result<&Active, DeviceError> {
+        self.active.as_ref().ok_or(DeviceError::NotActivated)
+    }
+
+    /// Guest memory (a cheap handle), once activated.
+    pub fn mem(&self) -> Result<GuestMemoryMmap, DeviceError> {
+        Ok(self.active()?.mem.clone())
+    }
+
+    /// Queue `index` of the activated device.
+    pub fn queue_mut(&mut self, index: usize) -> Result<&mut Queue, DeviceError> {
+        self.active
+            .as_mut()
+            .ok_or(DeviceError::NotActivated)?
+            .queues
+            .get_mut(index)
+            .ok_or(DeviceError::NoSuchQueue(index))
+    }
+
+    /// Tell the driver that buffers were used (no-op before activation).
+    pub fn signal_used(&self) -> Result<(), DeviceError> {
+        match &self.active {
+            Some(a) => a.irq.trigger(VIRTIO_MMIO_INT_VRING),
+            None => Ok(()),
+        }
+    }
+
+    /// Signal the driver for queue `index` after using buffers on it,
+    /// unless the driver asked not to be (event index / NO_INTERRUPT).
+    pub fn signal_used_if_needed(&mut self, index: usize) -> Result<(), DeviceError> {
+        let mem = self.mem()?;
+        let queue = self.queue_mut(index)?;
+        if virtio_queue::QueueT::needs_notification(queue, &mem).unwrap_or(true) {
+            self.signal_used()?;
+        }
+        Ok(())
+    }
+
+    /// The snapshot of this part of the device.
+    pub fn save(&self) -> BaseState {
+        BaseState {
+            errors: self.errors,
+            active: self.active.as_ref().map(|a| ActiveState {
+                queues: a.queues.iter().map(QueueSnap::of).collect(),
+            }),
+        }
+    }
+
+    /// Load `state` into a freshly built device: its error count and, if
+    /// it was active, its queues (checked against this device and guest
+    /// memory) with the context's memory and interrupt.
+    pub fn restore(
+        &mut self,
+        state: &BaseState,
+        ctx: DeviceContext,
+    ) -> Result<(), VirtioPersistError> {
+        self.errors = state.errors;
+        if let Some(active) = &state.active {
+            let queues = restore_queues(&active.queues, &self.queue_max_sizes, &ctx.mem)?;
+            self.activate(ctx.mem, queues, ctx.irq, ctx.acked_features)
+                .map_err(|e| VirtioPersistError::Activate(e.to_string()))?;
+        }
+        Ok(())
+    }
+}
+
+/// The queues a device was activated with, as it has advanced them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActiveState {
+    pub queues: Vec<QueueSnap>,
+}
+
+/// Snapshot of a [`VirtioBase`]; each device's state flattens it in.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BaseState {
+    pub errors: u64,
+    /// The live queues, if the driver had activated the device.
+    pub active: Option<ActiveState>,
+}
+
+/// Copy `config[offset..]` into `data`, zero-filling past the end.
+pub fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {
+    for (i, b) in data.iter_mut().enumerate() {
+        *b = usize::try_from(offset)
+            .ok()
+            .and_then(|o| o.checked_add(i))
+            .and_then(|o| config.get(o))
+            .copied()
+            .unwrap_or(0);
+    }
+}

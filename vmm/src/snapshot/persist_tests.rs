@@ -177,7 +177,7 @@ persist_round_trip!(
     serial_round_trip,
     serial_with_input,
     |_: &Fixture, _: &_| SerialContext { irq: IrqEvt(evt()), out: Box::new(std::io::sink()) },
-    |_: &Fixture, s: &Serial| assert_eq!((s.save().scratch, s.save().in_buffer), (0x5a, b"abc".to_vec()))
+    |_: &Fixture, s: &Serial| assert_eq!((s.save().0.scratch, s.save().0.in_buffer), (0x5a, b"abc".to_vec()))
 );
 
 persist_round_trip!(
@@ -233,7 +233,7 @@ fn serial_restores_its_registers_and_input() {
     assert_eq!(r.read(7), 0x5a, "scratch register");
     assert_eq!(r.read(0), b'a', "pending input survives");
     let mut too_much = s.save();
-    too_much.in_buffer = vec![0; 1 << 16];
+    too_much.0.in_buffer = vec![0; 1 << 16];
     assert!(Serial::restore(SerialContext { irq: IrqEvt(evt()), out: Box::new(std::io::sink()) }, &too_much).is_err());
 }
 

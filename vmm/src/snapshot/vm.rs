@@ -10,26 +10,46 @@ use kvm_bindings::{
 use kvm_ioctls::VmFd;
 use serde::{Deserialize, Serialize};
 
-use super::pod::Pod;
+use super::kvm_serde::exact;
 use super::vcpu::VcpuStateError;
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// kvm-bindings' structs, stored as `kvm_serde` describes.
+#[derive(Serialize, Deserialize)]
 pub struct VmState {
-    pub pic_master: Pod<kvm_irqchip>,
-    pub pic_slave: Pod<kvm_irqchip>,
-    pub ioapic: Pod<kvm_irqchip>,
-    pub pit: Pod<kvm_pit_state2>,
-    pub clock: Pod<kvm_clock_data>,
+    #[serde(with = "exact")]
+    pub pic_master: kvm_irqchip,
+    #[serde(with = "exact")]
+    pub pic_slave: kvm_irqchip,
+    #[serde(with = "exact")]
+    pub ioapic: kvm_irqchip,
+    #[serde(with = "exact")]
+    pub pit: kvm_pit_state2,
+    #[serde(with = "exact")]
+    pub clock: kvm_clock_data,
+}
+
+impl std::fmt::Debug for VmState {
+    // kvm_irqchip has no Debug (a union inside).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VmState")
+            .field("pit", &self.pit)
+            .field("clock", &self.clock)
+            .finish_non_exhaustive()
+    }
 }
 
 fn ioctl(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VcpuStateError {
     move |e| VcpuStateError::Ioctl(what, e)
 }
 
-fn get_chip(vm: &VmFd, chip_id: u32) -> Result<Pod<kvm_irqchip>, VcpuStateError> {
-    let mut chip = kvm_irqchip { chip_id, ..Default::default() };
-    vm.get_irqchip(&mut chip).map_err(ioctl("KVM_GET_IRQCHIP"))?;
-    Ok(Pod(chip))
+fn get_chip(vm: &VmFd, chip_id: u32) -> Result<kvm_irqchip, VcpuStateError> {
+    let mut chip = kvm_irqchip {
+        chip_id,
+        ..Default::default()
+    };
+    vm.get_irqchip(&mut chip)
+        .map_err(ioctl("KVM_GET_IRQCHIP"))?;
+    Ok(chip)
 }
 
 /// Save the VM's state (its vCPUs are paused).
@@ -38,8 +58,8 @@ pub fn save(vm: &VmFd) -> Result<VmState, VcpuStateError> {
         pic_master: get_chip(vm, KVM_IRQCHIP_PIC_MASTER)?,
         pic_slave: get_chip(vm, KVM_IRQCHIP_PIC_SLAVE)?,
         ioapic: get_chip(vm, KVM_IRQCHIP_IOAPIC)?,
-        pit: Pod(vm.get_pit2().map_err(ioctl("KVM_GET_PIT2"))?),
-        clock: Pod(vm.get_clock().map_err(ioctl("KVM_GET_CLOCK"))?),
+        pit: vm.get_pit2().map_err(ioctl("KVM_GET_PIT2"))?,
+        clock: vm.get_clock().map_err(ioctl("KVM_GET_CLOCK"))?,
     })
 }
 
@@ -50,19 +70,22 @@ pub fn restore(vm: &VmFd, state: &VmState) -> Result<(), VcpuStateError> {
         (&state.pic_slave, KVM_IRQCHIP_PIC_SLAVE),
         (&state.ioapic, KVM_IRQCHIP_IOAPIC),
     ] {
-        if chip.0.chip_id != id {
+        if chip.chip_id != id {
             return Err(VcpuStateError::Invalid(format!(
                 "irqchip entry for chip {id} says chip {}",
-                chip.0.chip_id
+                chip.chip_id
             )));
         }
-        vm.set_irqchip(&chip.0).map_err(ioctl("KVM_SET_IRQCHIP"))?;
+        vm.set_irqchip(chip).map_err(ioctl("KVM_SET_IRQCHIP"))?;
     }
-    vm.set_pit2(&state.pit.0).map_err(ioctl("KVM_SET_PIT2"))?;
+    vm.set_pit2(&state.pit).map_err(ioctl("KVM_SET_PIT2"))?;
     // Only the clock value: the flags KVM_GET_CLOCK reports (TSC_STABLE,
     // HOST_TSC, REALTIME) describe the old host; setting REALTIME would
     // make KVM advance the clock by the wall time the VM spent saved.
-    let clock = kvm_clock_data { clock: state.clock.0.clock, ..Default::default() };
+    let clock = kvm_clock_data {
+        clock: state.clock.clock,
+        ..Default::default()
+    };
     vm.set_clock(&clock).map_err(ioctl("KVM_SET_CLOCK"))?;
     Ok(())
 }

@@ -146,7 +146,7 @@ fn transport(fx: &Fixture, dev: Box<dyn VirtioDevice>) -> MmioTransport {
 
 /// Rebuild the device a transport state carries, as the VMM does.
 fn device_from(fx: &Fixture, s: &crate::devices::virtio::persist::MmioState) -> Box<dyn VirtioDevice> {
-    let ctx = fx.device_ctx(s.acked_features);
+    let ctx = fx.device_ctx(s.registers.acked_features);
     match &s.device {
         DeviceState::Block(b) => Box::new(Block::restore(BlockContext { path: fx.disk(), device: ctx }, b).unwrap()),
         DeviceState::Vsock(v) => Box::new(Vsock::restore(VsockContext { uds_path: fx.sock(), device: ctx }, v).unwrap()),

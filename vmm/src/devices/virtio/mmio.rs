@@ -46,7 +46,7 @@ pub const STATUS_NEEDS_RESET: u32 = 0x40;
 pub const STATUS_FAILED: u32 = 0x80;
 
 /// The transport's own registers (for snapshots).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Registers {
     pub features_sel: u32,
     pub acked_features_sel: u32,

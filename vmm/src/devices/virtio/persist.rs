@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use virtio_queue::{Queue, QueueState, QueueT};
 
 use super::block::persist::BlockState;
-use super::mmio::MmioTransport;
+use super::mmio::{MmioTransport, Registers};
 use super::vsock::persist::VsockState;
 use super::{IrqTrigger, VirtioDevice};
 use crate::snapshot::Persist;
@@ -116,11 +116,8 @@ pub enum DeviceState {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MmioState {
     pub device_type: u32,
-    pub features_sel: u32,
-    pub acked_features_sel: u32,
-    pub acked_features: u64,
-    pub queue_sel: u32,
-    pub status: u32,
+    #[serde(flatten)]
+    pub registers: Registers,
     pub interrupt_status: u32,
     pub queues: Vec<QueueSnap>,
     pub device: DeviceState,
@@ -148,14 +145,9 @@ impl Persist for MmioTransport {
     type Error = VirtioPersistError;
 
     fn save(&self) -> MmioState {
-        let r = self.registers();
         MmioState {
             device_type: self.device().device_type(),
-            features_sel: r.features_sel,
-            acked_features_sel: r.acked_features_sel,
-            acked_features: r.acked_features,
-            queue_sel: r.queue_sel,
-            status: r.status,
+            registers: self.registers(),
             interrupt_status: self.irq().status.load(Ordering::SeqCst),
             queues: self.queues().iter().map(QueueSnap::of).collect(),
             device: self.device().save_device_state(),
@@ -176,16 +168,7 @@ impl Persist for MmioTransport {
             .store(state.interrupt_status, Ordering::SeqCst);
         let mut t = MmioTransport::new(ctx.device, ctx.mem, ctx.irq)
             .map_err(|e| VirtioPersistError::Backend(e.to_string()))?;
-        t.set_registers(
-            super::mmio::Registers {
-                features_sel: state.features_sel,
-                acked_features_sel: state.acked_features_sel,
-                acked_features: state.acked_features,
-                queue_sel: state.queue_sel,
-                status: state.status,
-            },
-            queues,
-        );
+        t.set_registers(state.registers, queues);
         Ok(t)
     }
 }

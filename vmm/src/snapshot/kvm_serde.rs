@@ -3,79 +3,64 @@
 //! kvm-bindings reads back any length, zero-filling or cutting to fit (to
 //! carry state across kernel versions); a snapshot here is only restored
 //! by the same build, so a block of the wrong size is a bad file and is
-//! refused: use `#[serde(with = "exact")]` (or `exact::option`,
-//! `exact::vec`) on such fields. `kvm_fpu` has no serde in kvm-bindings:
-//! [`KvmFpu`] gives it one through `serde(remote)`.
+//! refused: fields are [`Exact<T>`]. `kvm_fpu` has no serde in
+//! kvm-bindings: [`KvmFpu`] gives it one through `serde(remote)`.
+
+use std::ops::Deref;
 
 use kvm_bindings::kvm_fpu;
 use serde::de::value::BytesDeserializer;
-use serde::de::DeserializeOwned;
+use serde::de::{DeserializeOwned, Error as _};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// Rebuild a `T` from exactly `size_of::<T>()` bytes with its own serde.
-fn from_exact_bytes<T: DeserializeOwned, E: serde::de::Error>(bytes: &[u8]) -> Result<T, E> {
-    let size = std::mem::size_of::<T>();
-    if bytes.len() != size {
-        let name = std::any::type_name::<T>();
-        let name = name.rsplit("::").next().unwrap_or(name);
-        return Err(E::custom(format!(
-            "{name} is {size} bytes, state has {}",
-            bytes.len()
-        )));
+/// A kvm-bindings struct stored with its own serde, read back only from
+/// exactly `size_of::<T>()` bytes.
+#[derive(Clone, Copy, Default)]
+pub struct Exact<T>(pub T);
+
+impl<T> Deref for Exact<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
     }
-    T::deserialize(BytesDeserializer::<E>::new(bytes))
 }
 
-/// A kvm-bindings struct, read back only at its exact size.
-pub mod exact {
-    use super::*;
+/// `kvm_regs` for `kvm_bindings::x86_64::bindings::kvm_regs`.
+fn short_name<T>() -> &'static str {
+    let name = std::any::type_name::<T>();
+    name.rsplit("::").next().unwrap_or(name)
+}
 
-    pub fn serialize<T: Serialize, S: Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
-        v.serialize(s)
+impl<T> std::fmt::Debug for Exact<T> {
+    // Not every KVM struct has Debug (unions inside); the size says enough.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} ({} bytes)",
+            short_name::<T>(),
+            std::mem::size_of::<T>()
+        )
     }
+}
 
-    pub fn deserialize<'de, T: DeserializeOwned, D: Deserializer<'de>>(
-        d: D,
-    ) -> Result<T, D::Error> {
-        from_exact_bytes(&Vec::<u8>::deserialize(d)?)
+impl<T: Serialize> Serialize for Exact<T> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
     }
+}
 
-    /// `Option<T>` of such a struct.
-    pub mod option {
-        use super::super::*;
-
-        pub fn serialize<T: Serialize, S: Serializer>(
-            v: &Option<T>,
-            s: S,
-        ) -> Result<S::Ok, S::Error> {
-            v.serialize(s)
+impl<'de, T: DeserializeOwned> Deserialize<'de> for Exact<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let bytes = Vec::<u8>::deserialize(d)?;
+        let size = std::mem::size_of::<T>();
+        if bytes.len() != size {
+            return Err(D::Error::custom(format!(
+                "{} is {size} bytes, state has {}",
+                short_name::<T>(),
+                bytes.len()
+            )));
         }
-
-        pub fn deserialize<'de, T: DeserializeOwned, D: Deserializer<'de>>(
-            d: D,
-        ) -> Result<Option<T>, D::Error> {
-            Option::<Vec<u8>>::deserialize(d)?
-                .map(|b| from_exact_bytes(&b))
-                .transpose()
-        }
-    }
-
-    /// `Vec<T>` of such structs.
-    pub mod vec {
-        use super::super::*;
-
-        pub fn serialize<T: Serialize, S: Serializer>(v: &[T], s: S) -> Result<S::Ok, S::Error> {
-            v.serialize(s)
-        }
-
-        pub fn deserialize<'de, T: DeserializeOwned, D: Deserializer<'de>>(
-            d: D,
-        ) -> Result<Vec<T>, D::Error> {
-            Vec::<Vec<u8>>::deserialize(d)?
-                .iter()
-                .map(|b| from_exact_bytes(b))
-                .collect()
-        }
+        T::deserialize(BytesDeserializer::<D::Error>::new(&bytes)).map(Exact)
     }
 }
 
@@ -104,12 +89,9 @@ mod tests {
 
     #[derive(Serialize, Deserialize)]
     struct S {
-        #[serde(with = "exact")]
-        regs: kvm_regs,
-        #[serde(with = "exact::option")]
-        xsave: Option<kvm_xsave>,
-        #[serde(with = "exact::vec")]
-        msrs: Vec<kvm_msr_entry>,
+        regs: Exact<kvm_regs>,
+        xsave: Option<Exact<kvm_xsave>>,
+        msrs: Vec<Exact<kvm_msr_entry>>,
         #[serde(with = "KvmFpu")]
         fpu: kvm_fpu,
     }
@@ -118,31 +100,34 @@ mod tests {
     fn round_trip_and_exact_length() {
         let mut xsave = kvm_xsave::default();
         xsave.region[3] = 0xdead_beef;
+        let regs = kvm_regs {
+            rip: 0x1234,
+            rax: u64::MAX,
+            ..Default::default()
+        };
+        let msr = kvm_msr_entry {
+            index: 0x10,
+            data: 7,
+            ..Default::default()
+        };
+        let fpu = kvm_fpu {
+            fcw: 0x37f,
+            mxcsr: 0x1f80,
+            xmm: [[9; 16]; 16],
+            ..Default::default()
+        };
         let s = S {
-            regs: kvm_regs {
-                rip: 0x1234,
-                rax: u64::MAX,
-                ..Default::default()
-            },
-            xsave: Some(xsave),
-            msrs: vec![kvm_msr_entry {
-                index: 0x10,
-                data: 7,
-                ..Default::default()
-            }],
-            fpu: kvm_fpu {
-                fcw: 0x37f,
-                mxcsr: 0x1f80,
-                xmm: [[9; 16]; 16],
-                ..Default::default()
-            },
+            regs: Exact(regs),
+            xsave: Some(Exact(xsave)),
+            msrs: vec![Exact(msr)],
+            fpu,
         };
         let json = serde_json::to_value(&s).unwrap();
         let back: S = serde_json::from_value(json.clone()).unwrap();
-        assert_eq!(back.regs, s.regs);
+        assert_eq!(back.regs.0, regs);
         assert_eq!(back.xsave.unwrap().region[3], 0xdead_beef);
-        assert_eq!(back.msrs, s.msrs);
-        assert_eq!(back.fpu, s.fpu);
+        assert_eq!(back.msrs.iter().map(|m| m.0).collect::<Vec<_>>(), vec![msr]);
+        assert_eq!(back.fpu, fpu);
         assert_eq!(json["fpu"]["fcw"], 0x37f);
 
         let mut short = json.clone();

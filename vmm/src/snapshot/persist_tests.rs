@@ -26,7 +26,7 @@ use crate::devices::virtio::persist::{DeviceContext, DeviceState, MmioContext, V
 use crate::devices::virtio::queue::testing::{memory, DriverQueue, VIRTQ_DESC_F_WRITE};
 use crate::devices::virtio::vsock::persist::{VsockContext, VIRTIO_VSOCK_EVENT_TRANSPORT_RESET};
 use crate::devices::virtio::vsock::Vsock;
-use crate::devices::virtio::{IrqTrigger, VirtioDevice, VIRTIO_F_VERSION_1};
+use crate::devices::virtio::{Active, IrqTrigger, VirtioDevice, VIRTIO_F_VERSION_1};
 
 /// Save `part`, encode and decode the state as a state file does, rebuild
 /// with the context `ctx` makes from the decoded state, and compare.
@@ -76,6 +76,12 @@ impl Fixture {
     fn sock(&self) -> PathBuf {
         self.dir.join("v.sock")
     }
+    /// What a driver hands over: `queues`, a fresh interrupt, VERSION_1.
+    fn active(&self, queues: Vec<virtio_queue::Queue>) -> Active {
+        let irq = IrqTrigger::new().unwrap();
+        Active { mem: self.mem.clone(), queues, irq, acked_features: VIRTIO_F_VERSION_1 }
+    }
+
     fn device_ctx(&self, acked_features: u64) -> DeviceContext {
         DeviceContext { mem: self.mem.clone(), irq: IrqTrigger::new().unwrap(), acked_features }
     }
@@ -107,14 +113,14 @@ fn evt() -> Arc<EventFd> {
 fn active_block(fx: &Fixture) -> Block {
     let mut b = Block::open(&fx.disk(), false).unwrap();
     let q = fx.queues(b.queue_max_sizes());
-    b.activate(fx.mem.clone(), q, IrqTrigger::new().unwrap(), VIRTIO_F_VERSION_1).unwrap();
+    b.activate(fx.active(q)).unwrap();
     b
 }
 
 fn active_vsock(fx: &Fixture) -> Vsock {
     let mut v = Vsock::new(7, &fx.sock()).unwrap();
     let q = fx.queues(v.queue_max_sizes());
-    v.activate(fx.mem.clone(), q, IrqTrigger::new().unwrap(), VIRTIO_F_VERSION_1).unwrap();
+    v.activate(fx.active(q)).unwrap();
     v
 }
 
@@ -294,7 +300,7 @@ fn vsock_sends_transport_reset_after_restore() {
         .map(|(i, &s)| DriverQueue::new(0x1000 + 0x4000 * i as u64, s).queue(&fx.mem))
         .collect();
     let irq = IrqTrigger::new().unwrap();
-    v.activate(fx.mem.clone(), queues, irq, VIRTIO_F_VERSION_1).unwrap();
+    v.activate(Active { irq, ..fx.active(queues) }).unwrap();
     fx.mem.write_obj(0xffff_ffffu32, GuestAddress(0x20000)).unwrap();
     evq.set_desc(&fx.mem, 0, 0x20000, 8, VIRTQ_DESC_F_WRITE, 0);
     evq.push_avail(&fx.mem, 0);
@@ -316,7 +322,7 @@ fn block_serves_a_request_posted_before_the_snapshot() {
     let fx = Fixture::new("pending");
     let mut b = Block::open(&fx.disk(), false).unwrap();
     let mut dq = DriverQueue::new(0x1000, b.queue_max_sizes()[0]);
-    b.activate(fx.mem.clone(), vec![dq.queue(&fx.mem)], IrqTrigger::new().unwrap(), VIRTIO_F_VERSION_1).unwrap();
+    b.activate(fx.active(vec![dq.queue(&fx.mem)])).unwrap();
     // A read of sector 0, posted but never notified to this VMM.
     fx.mem.write_obj(0u32, GuestAddress(0x8000)).unwrap(); // VIRTIO_BLK_T_IN
     fx.mem.write_obj(0u64, GuestAddress(0x8008)).unwrap();

@@ -16,7 +16,7 @@ use kvm_bindings::{
 use kvm_ioctls::{Kvm, VcpuFd};
 use serde::{Deserialize, Serialize};
 
-use super::kvm_serde::{exact, KvmFpu};
+use super::kvm_serde::{Exact, KvmFpu};
 
 /// Most MSRs one vCPU state may carry (KVM lists a few hundred at most).
 pub const MAX_MSRS: usize = 2048;
@@ -54,30 +54,20 @@ fn ioctl(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VcpuStateError
 #[derive(Debug, Serialize, Deserialize)]
 pub struct VcpuState {
     pub id: usize,
-    #[serde(with = "exact::vec")]
-    pub cpuid: Vec<kvm_cpuid_entry2>,
-    #[serde(with = "exact::vec")]
-    pub msrs: Vec<kvm_msr_entry>,
-    #[serde(with = "exact")]
-    pub regs: kvm_regs,
-    #[serde(with = "exact")]
-    pub sregs: kvm_sregs,
+    pub cpuid: Vec<Exact<kvm_cpuid_entry2>>,
+    pub msrs: Vec<Exact<kvm_msr_entry>>,
+    pub regs: Exact<kvm_regs>,
+    pub sregs: Exact<kvm_sregs>,
     #[serde(with = "KvmFpu")]
     pub fpu: kvm_fpu,
     /// None where KVM_GET_XSAVE is unavailable (the FPU state then covers
     /// x87/SSE).
-    #[serde(with = "exact::option")]
-    pub xsave: Option<kvm_xsave>,
-    #[serde(with = "exact::option")]
-    pub xcrs: Option<kvm_xcrs>,
-    #[serde(with = "exact")]
-    pub lapic: kvm_lapic_state,
-    #[serde(with = "exact")]
-    pub mp_state: kvm_mp_state,
-    #[serde(with = "exact")]
-    pub events: kvm_vcpu_events,
-    #[serde(with = "exact")]
-    pub debug_regs: kvm_debugregs,
+    pub xsave: Option<Exact<kvm_xsave>>,
+    pub xcrs: Option<Exact<kvm_xcrs>>,
+    pub lapic: Exact<kvm_lapic_state>,
+    pub mp_state: Exact<kvm_mp_state>,
+    pub events: Exact<kvm_vcpu_events>,
+    pub debug_regs: Exact<kvm_debugregs>,
     pub tsc_khz: Option<u32>,
 }
 
@@ -129,51 +119,46 @@ pub fn get_msrs(vcpu: &VcpuFd, indexes: &[u32]) -> Result<Vec<kvm_msr_entry>, Vc
     Ok(out)
 }
 
+/// The result of an ioctl some hosts do not have: `None` there.
+fn optional<T>(
+    what: &'static str,
+    r: Result<T, kvm_ioctls::Error>,
+) -> Result<Option<T>, VcpuStateError> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if [libc::EINVAL, libc::ENOTTY, libc::EOPNOTSUPP].contains(&e.errno()) => Ok(None),
+        Err(e) => Err(VcpuStateError::Ioctl(what, e)),
+    }
+}
+
 /// Save vCPU `id`'s state. The caller has made sure the vCPU completed any
 /// I/O it exited for (a KVM_RUN with immediate_exit set).
 pub fn save(id: usize, vcpu: &VcpuFd, msr_list: &[u32]) -> Result<VcpuState, VcpuStateError> {
     let cpuid = vcpu
         .get_cpuid2(KVM_MAX_CPUID_ENTRIES)
         .map_err(ioctl("KVM_GET_CPUID2"))?;
-    let xsave = match vcpu.get_xsave() {
-        Ok(x) => Some(x),
-        Err(e)
-            if e.errno() == libc::EINVAL
-                || e.errno() == libc::ENOTTY
-                || e.errno() == libc::EOPNOTSUPP =>
-        {
-            tracing::debug!("vcpu{id}: KVM_GET_XSAVE unavailable ({e}); saving the FPU state only");
-            None
-        }
-        Err(e) => return Err(VcpuStateError::Ioctl("KVM_GET_XSAVE", e)),
-    };
-    let xcrs = match vcpu.get_xcrs() {
-        Ok(x) => Some(x),
-        Err(e)
-            if e.errno() == libc::EINVAL
-                || e.errno() == libc::ENOTTY
-                || e.errno() == libc::EOPNOTSUPP =>
-        {
-            None
-        }
-        Err(e) => return Err(VcpuStateError::Ioctl("KVM_GET_XCRS", e)),
-    };
+    let xsave = optional("KVM_GET_XSAVE", vcpu.get_xsave())?;
+    if xsave.is_none() {
+        tracing::debug!("vcpu{id}: KVM_GET_XSAVE unavailable; saving the FPU state only");
+    }
+    let xcrs = optional("KVM_GET_XCRS", vcpu.get_xcrs())?;
     let tsc_khz = vcpu.get_tsc_khz().ok();
     Ok(VcpuState {
         id,
-        cpuid: cpuid.as_slice().to_vec(),
-        msrs: get_msrs(vcpu, msr_list)?,
-        regs: vcpu.get_regs().map_err(ioctl("KVM_GET_REGS"))?,
-        sregs: vcpu.get_sregs().map_err(ioctl("KVM_GET_SREGS"))?,
+        cpuid: cpuid.as_slice().iter().copied().map(Exact).collect(),
+        msrs: get_msrs(vcpu, msr_list)?.into_iter().map(Exact).collect(),
+        regs: Exact(vcpu.get_regs().map_err(ioctl("KVM_GET_REGS"))?),
+        sregs: Exact(vcpu.get_sregs().map_err(ioctl("KVM_GET_SREGS"))?),
         fpu: vcpu.get_fpu().map_err(ioctl("KVM_GET_FPU"))?,
-        xsave,
-        xcrs,
-        lapic: vcpu.get_lapic().map_err(ioctl("KVM_GET_LAPIC"))?,
-        mp_state: vcpu.get_mp_state().map_err(ioctl("KVM_GET_MP_STATE"))?,
-        events: vcpu
-            .get_vcpu_events()
-            .map_err(ioctl("KVM_GET_VCPU_EVENTS"))?,
-        debug_regs: vcpu.get_debug_regs().map_err(ioctl("KVM_GET_DEBUGREGS"))?,
+        xsave: xsave.map(Exact),
+        xcrs: xcrs.map(Exact),
+        lapic: Exact(vcpu.get_lapic().map_err(ioctl("KVM_GET_LAPIC"))?),
+        mp_state: Exact(vcpu.get_mp_state().map_err(ioctl("KVM_GET_MP_STATE"))?),
+        events: Exact(
+            vcpu.get_vcpu_events()
+                .map_err(ioctl("KVM_GET_VCPU_EVENTS"))?,
+        ),
+        debug_regs: Exact(vcpu.get_debug_regs().map_err(ioctl("KVM_GET_DEBUGREGS"))?),
         tsc_khz,
     })
 }
@@ -213,8 +198,7 @@ pub fn validate(state: &VcpuState, allowed_msrs: &[u32]) -> Result<(), VcpuState
 
 /// MSRs in the order they must be set: TSC_DEADLINE after TSC (a deadline
 /// is relative to the TSC), everything else as saved.
-fn ordered_msrs(msrs: &[kvm_msr_entry]) -> Vec<kvm_msr_entry> {
-    let mut v = msrs.to_vec();
+fn ordered_msrs(mut v: Vec<kvm_msr_entry>) -> Vec<kvm_msr_entry> {
     v.sort_by_key(|e| match e.index {
         MSR_IA32_TSC => 0,
         MSR_IA32_TSC_DEADLINE => 2,
@@ -239,10 +223,11 @@ pub fn restore(vcpu: &VcpuFd, state: &VcpuState) -> Result<(), VcpuStateError> {
                 })?;
         }
     }
-    let cpuid = CpuId::from_entries(&state.cpuid)
+    let entries: Vec<kvm_cpuid_entry2> = state.cpuid.iter().map(|e| e.0).collect();
+    let cpuid = CpuId::from_entries(&entries)
         .map_err(|e| VcpuStateError::Invalid(format!("vcpu{id}: CPUID: {e:?}")))?;
     vcpu.set_cpuid2(&cpuid).map_err(ioctl("KVM_SET_CPUID2"))?;
-    vcpu.set_mp_state(state.mp_state)
+    vcpu.set_mp_state(*state.mp_state)
         .map_err(ioctl("KVM_SET_MP_STATE"))?;
     vcpu.set_regs(&state.regs).map_err(ioctl("KVM_SET_REGS"))?;
     vcpu.set_sregs(&state.sregs)
@@ -259,7 +244,7 @@ pub fn restore(vcpu: &VcpuFd, state: &VcpuState) -> Result<(), VcpuStateError> {
         .map_err(ioctl("KVM_SET_DEBUGREGS"))?;
     vcpu.set_lapic(&state.lapic)
         .map_err(ioctl("KVM_SET_LAPIC"))?;
-    let entries = ordered_msrs(&state.msrs);
+    let entries = ordered_msrs(state.msrs.iter().map(|m| m.0).collect());
     let msrs = Msrs::from_entries(&entries)
         .map_err(|e| VcpuStateError::Invalid(format!("vcpu{id}: MSRs: {e:?}")))?;
     let set = vcpu.set_msrs(&msrs).map_err(ioctl("KVM_SET_MSRS"))?;
@@ -291,7 +276,10 @@ mod tests {
             msr(0x174, 1),
             msr(MSR_IA32_TSC, 7),
         ];
-        let order: Vec<u32> = ordered_msrs(&msrs).iter().map(|e| e.index).collect();
+        let order: Vec<u32> = ordered_msrs(msrs.to_vec())
+            .iter()
+            .map(|e| e.index)
+            .collect();
         assert_eq!(order, vec![MSR_IA32_TSC, 0x174, MSR_IA32_TSC_DEADLINE]);
     }
 }

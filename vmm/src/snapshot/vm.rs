@@ -10,46 +10,31 @@ use kvm_bindings::{
 use kvm_ioctls::VmFd;
 use serde::{Deserialize, Serialize};
 
-use super::kvm_serde::exact;
+use super::kvm_serde::Exact;
 use super::vcpu::VcpuStateError;
 
 /// kvm-bindings' structs, stored as `kvm_serde` describes.
-#[derive(Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct VmState {
-    #[serde(with = "exact")]
-    pub pic_master: kvm_irqchip,
-    #[serde(with = "exact")]
-    pub pic_slave: kvm_irqchip,
-    #[serde(with = "exact")]
-    pub ioapic: kvm_irqchip,
-    #[serde(with = "exact")]
-    pub pit: kvm_pit_state2,
-    #[serde(with = "exact")]
-    pub clock: kvm_clock_data,
-}
-
-impl std::fmt::Debug for VmState {
-    // kvm_irqchip has no Debug (a union inside).
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("VmState")
-            .field("pit", &self.pit)
-            .field("clock", &self.clock)
-            .finish_non_exhaustive()
-    }
+    pub pic_master: Exact<kvm_irqchip>,
+    pub pic_slave: Exact<kvm_irqchip>,
+    pub ioapic: Exact<kvm_irqchip>,
+    pub pit: Exact<kvm_pit_state2>,
+    pub clock: Exact<kvm_clock_data>,
 }
 
 fn ioctl(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VcpuStateError {
     move |e| VcpuStateError::Ioctl(what, e)
 }
 
-fn get_chip(vm: &VmFd, chip_id: u32) -> Result<kvm_irqchip, VcpuStateError> {
+fn get_chip(vm: &VmFd, chip_id: u32) -> Result<Exact<kvm_irqchip>, VcpuStateError> {
     let mut chip = kvm_irqchip {
         chip_id,
         ..Default::default()
     };
     vm.get_irqchip(&mut chip)
         .map_err(ioctl("KVM_GET_IRQCHIP"))?;
-    Ok(chip)
+    Ok(Exact(chip))
 }
 
 /// Save the VM's state (its vCPUs are paused).
@@ -58,8 +43,8 @@ pub fn save(vm: &VmFd) -> Result<VmState, VcpuStateError> {
         pic_master: get_chip(vm, KVM_IRQCHIP_PIC_MASTER)?,
         pic_slave: get_chip(vm, KVM_IRQCHIP_PIC_SLAVE)?,
         ioapic: get_chip(vm, KVM_IRQCHIP_IOAPIC)?,
-        pit: vm.get_pit2().map_err(ioctl("KVM_GET_PIT2"))?,
-        clock: vm.get_clock().map_err(ioctl("KVM_GET_CLOCK"))?,
+        pit: Exact(vm.get_pit2().map_err(ioctl("KVM_GET_PIT2"))?),
+        clock: Exact(vm.get_clock().map_err(ioctl("KVM_GET_CLOCK"))?),
     })
 }
 

@@ -97,25 +97,14 @@ impl VirtioBase {
     }
 
     /// Take over the driver's queues (one per queue the device offers).
-    pub fn activate(
-        &mut self,
-        mem: GuestMemoryMmap,
-        queues: Vec<Queue>,
-        irq: IrqTrigger,
-        acked_features: u64,
-    ) -> Result<(), ActivateError> {
-        if queues.len() != self.queue_max_sizes.len() {
+    pub fn activate(&mut self, active: Active) -> Result<(), ActivateError> {
+        if active.queues.len() != self.queue_max_sizes.len() {
             return Err(ActivateError::QueueCount {
                 expected: self.queue_max_sizes.len(),
-                got: queues.len(),
+                got: active.queues.len(),
             });
         }
-        self.active = Some(Active {
-            mem,
-            queues,
-            irq,
-            acked_features,
-        });
+        self.active = Some(active);
         Ok(())
     }
 
@@ -188,8 +177,14 @@ impl VirtioBase {
         self.errors = state.errors;
         if let Some(active) = &state.active {
             let queues = restore_queues(&active.queues, &self.queue_max_sizes, &ctx.mem)?;
-            self.activate(ctx.mem, queues, ctx.irq, ctx.acked_features)
-                .map_err(|e| VirtioPersistError::Activate(e.to_string()))?;
+            let (mem, irq, acked_features) = (ctx.mem, ctx.irq, ctx.acked_features);
+            self.activate(Active {
+                mem,
+                queues,
+                irq,
+                acked_features,
+            })
+            .map_err(|e| VirtioPersistError::Activate(e.to_string()))?;
         }
         Ok(())
     }

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use crate::GuestMemoryMmap;
 use virtio_queue::{Queue, QueueT};
 
-use super::{IrqTrigger, VirtioDevice, VIRTIO_F_VERSION_1, VIRTIO_MMIO_INT_CONFIG};
+use super::{Active, IrqTrigger, VirtioDevice, VIRTIO_F_VERSION_1, VIRTIO_MMIO_INT_CONFIG};
 
 const MAGIC_VALUE: u32 = 0x7472_6976; // "virt"
 const MMIO_VERSION: u32 = 2;
@@ -327,12 +327,12 @@ impl MmioTransport {
                 return;
             }
         };
-        if let Err(e) = self.device.activate(
-            self.mem.clone(),
+        if let Err(e) = self.device.activate(Active {
+            mem: self.mem.clone(),
             queues,
-            self.irq.clone(),
-            self.acked_features,
-        ) {
+            irq: self.irq.clone(),
+            acked_features: self.acked_features,
+        }) {
             tracing::warn!(
                 "virtio device {} activation failed: {e}",
                 self.device.device_type()
@@ -346,7 +346,7 @@ impl MmioTransport {
 mod tests {
     use super::*;
     use crate::devices::virtio::queue::testing::{memory, DriverQueue};
-    use crate::devices::virtio::{DeviceError, VirtioBase};
+    use crate::devices::virtio::{delegate_base, DeviceError, VirtioBase};
 
     struct Dummy {
         base: VirtioBase,
@@ -354,12 +354,7 @@ mod tests {
     }
 
     impl VirtioDevice for Dummy {
-        fn base(&self) -> &VirtioBase {
-            &self.base
-        }
-        fn base_mut(&mut self) -> &mut VirtioBase {
-            &mut self.base
-        }
+        delegate_base!(base);
         fn process_queue(&mut self, index: usize) -> Result<(), DeviceError> {
             self.notified.push(index);
             if index > 1 {

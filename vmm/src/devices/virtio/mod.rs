@@ -14,10 +14,7 @@ pub mod vsock;
 
 use std::os::fd::RawFd;
 
-use virtio_queue::Queue;
-
-pub use base::{read_config_bytes, IrqTrigger, VirtioBase};
-use crate::GuestMemoryMmap;
+pub use base::{read_config_bytes, Active, IrqTrigger, VirtioBase};
 
 /// VIRTIO_F_VERSION_1: the only (modern) interface we offer.
 pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
@@ -54,6 +51,22 @@ pub enum ActivateError {
     Backend(String),
 }
 
+/// [`VirtioDevice::base`] and [`VirtioDevice::base_mut`] for a device that
+/// keeps its [`VirtioBase`] in field `$field` (`delegate_base!(base);`
+/// inside its `impl VirtioDevice`).
+macro_rules! delegate_base {
+    ($field:ident) => {
+        fn base(&self) -> &$crate::devices::virtio::VirtioBase {
+            &self.$field
+        }
+
+        fn base_mut(&mut self) -> &mut $crate::devices::virtio::VirtioBase {
+            &mut self.$field
+        }
+    };
+}
+pub(crate) use delegate_base;
+
 /// What a virtio device must provide to the MMIO transport. A device
 /// holds a [`VirtioBase`] and returns it from [`Self::base`] and
 /// [`Self::base_mut`]; identity, config space, activation, reset and error
@@ -83,14 +96,8 @@ pub trait VirtioDevice: Send {
     /// Write device config space (most devices ignore it).
     fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
     /// The driver set DRIVER_OK: start using the queues.
-    fn activate(
-        &mut self,
-        mem: GuestMemoryMmap,
-        queues: Vec<Queue>,
-        irq: IrqTrigger,
-        acked_features: u64,
-    ) -> Result<(), ActivateError> {
-        self.base_mut().activate(mem, queues, irq, acked_features)
+    fn activate(&mut self, active: Active) -> Result<(), ActivateError> {
+        self.base_mut().activate(active)
     }
     fn is_activated(&self) -> bool {
         self.base().is_activated()

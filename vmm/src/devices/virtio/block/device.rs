@@ -6,7 +6,7 @@ use vm_memory::{Bytes, GuestAddress};
 
 use crate::devices::virtio::queue::{add_used, collect_chain, pop_chain, QueueError};
 use crate::devices::virtio::{
-    DeviceError, VirtioBase, VirtioDevice, TYPE_BLOCK, VIRTIO_F_VERSION_1,
+    delegate_base, DeviceError, VirtioBase, VirtioDevice, TYPE_BLOCK, VIRTIO_F_VERSION_1,
 };
 use crate::GuestMemoryMmap;
 
@@ -274,13 +274,7 @@ pub(crate) fn parse_request(
 }
 
 impl VirtioDevice for Block {
-    fn base(&self) -> &VirtioBase {
-        &self.base
-    }
-
-    fn base_mut(&mut self) -> &mut VirtioBase {
-        &mut self.base
-    }
+    delegate_base!(base);
 
     fn process_queue(&mut self, index: usize) -> Result<(), DeviceError> {
         if index != 0 {

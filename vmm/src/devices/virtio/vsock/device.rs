@@ -9,7 +9,7 @@ use super::muxer::Muxer;
 use super::packet::{Header, HEADER_SIZE};
 use crate::devices::virtio::queue::{add_used, pop_chain};
 use crate::devices::virtio::{
-    DeviceError, VirtioBase, VirtioDevice, TYPE_VSOCK, VIRTIO_F_VERSION_1,
+    delegate_base, DeviceError, VirtioBase, VirtioDevice, TYPE_VSOCK, VIRTIO_F_VERSION_1,
 };
 
 /// The host's CID, as the guest sees it.
@@ -175,13 +175,7 @@ impl Vsock {
 }
 
 impl VirtioDevice for Vsock {
-    fn base(&self) -> &VirtioBase {
-        &self.base
-    }
-
-    fn base_mut(&mut self) -> &mut VirtioBase {
-        &mut self.base
-    }
+    delegate_base!(base);
 
     fn process_queue(&mut self, index: usize) -> Result<(), DeviceError> {
         match index {

@@ -215,3 +215,104 @@ pub fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {
             .unwrap_or(0);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use super::*;
+    use crate::devices::virtio::queue::testing::{memory, DriverQueue};
+    use crate::devices::virtio::{VIRTIO_F_VERSION_1, VIRTIO_MMIO_INT_VRING};
+
+    fn base() -> VirtioBase {
+        VirtioBase::new(7, VIRTIO_F_VERSION_1, &[16, 8], vec![1, 2, 3])
+    }
+
+    fn active(mem: &GuestMemoryMmap, queues: Vec<Queue>) -> Active {
+        let irq = IrqTrigger::new().unwrap();
+        Active {
+            mem: mem.clone(),
+            queues,
+            irq,
+            acked_features: VIRTIO_F_VERSION_1,
+        }
+    }
+
+    #[test]
+    fn config_space_reads_zero_past_its_end() {
+        let mut data = [0xff; 4];
+        base().read_config(1, &mut data);
+        assert_eq!(data, [2, 3, 0, 0]);
+        base().read_config(u64::MAX, &mut data);
+        assert_eq!(data, [0; 4]);
+    }
+
+    #[test]
+    fn activation_needs_one_queue_per_offered_queue() {
+        let mem = memory(1 << 20);
+        let mut b = base();
+        assert!(matches!(b.queue_mut(0), Err(DeviceError::NotActivated)));
+        let one = vec![DriverQueue::new(0x1000, 16).queue(&mem)];
+        let err = b.activate(active(&mem, one)).unwrap_err();
+        assert!(matches!(
+            err,
+            ActivateError::QueueCount {
+                expected: 2,
+                got: 1
+            }
+        ));
+        assert!(!b.is_activated());
+
+        let two = vec![
+            DriverQueue::new(0x1000, 16).queue(&mem),
+            DriverQueue::new(0x4000, 8).queue(&mem),
+        ];
+        let a = active(&mem, two);
+        let irq = a.irq.clone();
+        b.activate(a).unwrap();
+        assert!(b.is_activated());
+        assert!(b.queue_mut(1).is_ok());
+        assert!(matches!(b.queue_mut(2), Err(DeviceError::NoSuchQueue(2))));
+        b.signal_used().unwrap();
+        assert_eq!(irq.status.load(Ordering::SeqCst), VIRTIO_MMIO_INT_VRING);
+        assert_eq!(irq.evt.read().unwrap(), 1);
+        b.reset();
+        assert!(!b.is_activated());
+        assert!(matches!(b.mem(), Err(DeviceError::NotActivated)));
+    }
+
+    #[test]
+    fn state_round_trips_and_is_checked_against_the_device() {
+        let mem = memory(1 << 20);
+        let mut b = base();
+        let qs = vec![
+            DriverQueue::new(0x1000, 16).queue(&mem),
+            DriverQueue::new(0x4000, 8).queue(&mem),
+        ];
+        b.activate(active(&mem, qs)).unwrap();
+        b.errors = 3;
+        let state = b.save();
+        let ctx = || DeviceContext {
+            mem: mem.clone(),
+            irq: IrqTrigger::new().unwrap(),
+            acked_features: VIRTIO_F_VERSION_1,
+        };
+        let mut fresh = base();
+        fresh.restore(&state, ctx()).unwrap();
+        assert_eq!((fresh.is_activated(), fresh.errors), (true, 3));
+        assert_eq!(fresh.save(), state);
+
+        // A device offering different queues refuses the state.
+        let mut other = VirtioBase::new(7, VIRTIO_F_VERSION_1, &[16, 16], vec![]);
+        assert!(other.restore(&state, ctx()).is_err());
+        assert!(!other.is_activated());
+        let mut fewer = VirtioBase::new(7, VIRTIO_F_VERSION_1, &[16], vec![]);
+        assert!(matches!(
+            fewer.restore(&state, ctx()),
+            Err(VirtioPersistError::QueueCount {
+                expected: 1,
+                found: 2
+            })
+        ));
+    }
+}

@@ -197,7 +197,6 @@ impl Vmm {
         let i8042 = Arc::new(Mutex::new(I8042::new(kbd_irq, reset_evt.clone())));
 
         // virtio devices.
-        let mut cmdline = config.cmdline.clone();
         let mut virtio: Vec<Box<dyn VirtioDevice>> = Vec::new();
         for d in &config.disks {
             virtio.push(Box::new(Block::open(&d.path, d.read_only)?));
@@ -207,6 +206,7 @@ impl Vmm {
         }
         let mut devices = Vec::new();
         let mut mmio = Vec::new();
+        let mut mmio_windows = Vec::new();
         for (i, dev) in virtio.into_iter().enumerate() {
             let w = wire_virtio(&vm, i, dev.queue_max_sizes().len())?;
             let backend_fd = dev.backend_fd();
@@ -219,10 +219,11 @@ impl Vmm {
                 queue_evts: w.queue_evts,
                 backend_fd,
             });
-            cmdline.push_str(&format!(" virtio_mmio.device=4K@{:#x}:{}", w.base, w.irq_line));
+            mmio_windows.push((w.base, w.irq_line));
         }
 
         // Kernel, boot info, MP table, vCPUs.
+        let cmdline = boot::kernel_cmdline(&config.cmdline, &mmio_windows)?;
         let entry = boot::load(
             &mem,
             mem_size,
@@ -230,7 +231,12 @@ impl Vmm {
             config.initrd.as_deref(),
             &cmdline,
         )?;
-        tracing::info!("booting {:?} entry {:#x}; cmdline: {cmdline}", entry.protocol, entry.entry);
+        tracing::info!(
+            "booting {:?} entry {:#x}; cmdline: {:?}",
+            entry.protocol,
+            entry.entry,
+            cmdline.as_cstring().unwrap_or_default()
+        );
         mptable::setup(&mem, config.vcpus)?;
         let supported = kvm
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)

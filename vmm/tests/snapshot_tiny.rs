@@ -348,9 +348,15 @@ fn bad_snapshots_are_refused_with_status_2() {
     assert_refused(&bad, &d, &[], "1 vCPU states for 2 vCPUs");
     with_state(&edited(&|v| v["mem_mib"] = 64.into()), &mem);
     assert_refused(&bad, &d, &[], "memory regions do not match");
-    with_state(&edited(&|v| v["vcpus"][0]["regs"] = "00ff".into()), &mem);
+    with_state(&edited(&|v| v["vcpus"][0]["regs"] = serde_json::json!([0, 255])), &mem);
     assert_refused(&bad, &d, &[], "kvm_regs is 144 bytes, state has 2");
-    with_state(&edited(&|v| v["vcpus"][0]["msrs"][0]["index"] = 0x1234_5678.into()), &mem);
+    // kvm_msr_entry's bytes: index (little endian), reserved, data.
+    let msr = |v: &mut serde_json::Value| {
+        let mut bytes = vec![0u8; 16];
+        bytes[..4].copy_from_slice(&0x1234_5678u32.to_le_bytes());
+        v["vcpus"][0]["msrs"][0] = serde_json::json!(bytes);
+    };
+    with_state(&edited(&msr), &mem);
     assert_refused(&bad, &d, &[], "MSR 0x12345678 is not one KVM lists");
     with_state(&edited(&|v| v["devices"][0]["queues"][0]["max_size"] = 1024.into()), &mem);
     assert_refused_late(&bad, &d, "max size 1024 but the device offers 256");

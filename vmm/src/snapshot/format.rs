@@ -11,8 +11,9 @@ use serde::Serialize;
 
 /// First bytes of every state file.
 pub const MAGIC: [u8; 8] = *b"BRWSNAP\0";
-/// The format this build writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The format this build writes and reads. 2: KVM structs are
+/// kvm-bindings' own serde (byte arrays) instead of hex strings.
+pub const FORMAT_VERSION: u32 = 2;
 /// Largest payload accepted (the VM's state without its memory is small).
 pub const MAX_STATE_LEN: u64 = 64 << 20;
 /// Header: magic, version, flags, payload length, CRC32, reserved.
@@ -210,6 +211,10 @@ mod tests {
         version[8] = 9;
         let err = decode::<State>(&version).unwrap_err();
         assert!(err.to_string().contains("version 9 is not supported"), "{err}");
+        // Version 1 stored KVM structs as hex strings: not read any more.
+        version[8] = 1;
+        let err = decode::<State>(&version).unwrap_err();
+        assert!(err.to_string().contains("version 1 is not supported (this burrow reads version 2)"), "{err}");
 
         let mut magic = good.clone();
         magic[0] = b'X';

@@ -89,7 +89,7 @@ pub struct DiskRecord {
 }
 
 /// Everything in `<dir>/state`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct MicrovmState {
     /// Identifies this snapshot (incremental ones name their base's).
     pub id: u64,

@@ -3,9 +3,9 @@
 //! clock) state, and guest memory files.
 
 pub mod format;
+pub mod kvm_serde;
 pub mod memory;
 pub mod microvm;
-pub mod pod;
 pub mod vcpu;
 pub mod vm;
 #[cfg(test)]

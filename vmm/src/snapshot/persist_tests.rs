@@ -26,7 +26,7 @@ use crate::devices::virtio::persist::{DeviceContext, DeviceState, MmioContext, V
 use crate::devices::virtio::queue::testing::{memory, DriverQueue, VIRTQ_DESC_F_WRITE};
 use crate::devices::virtio::vsock::persist::{VsockContext, VIRTIO_VSOCK_EVENT_TRANSPORT_RESET};
 use crate::devices::virtio::vsock::Vsock;
-use crate::devices::virtio::{IrqTrigger, VirtioDevice, VIRTIO_F_VERSION_1};
+use crate::devices::virtio::{Active, IrqTrigger, VirtioDevice, VIRTIO_F_VERSION_1};
 
 /// Save `part`, encode and decode the state as a state file does, rebuild
 /// with the context `ctx` makes from the decoded state, and compare.
@@ -76,6 +76,12 @@ impl Fixture {
     fn sock(&self) -> PathBuf {
         self.dir.join("v.sock")
     }
+    /// What a driver hands over: `queues`, a fresh interrupt, VERSION_1.
+    fn active(&self, queues: Vec<virtio_queue::Queue>) -> Active {
+        let irq = IrqTrigger::new().unwrap();
+        Active { mem: self.mem.clone(), queues, irq, acked_features: VIRTIO_F_VERSION_1 }
+    }
+
     fn device_ctx(&self, acked_features: u64) -> DeviceContext {
         DeviceContext { mem: self.mem.clone(), irq: IrqTrigger::new().unwrap(), acked_features }
     }
@@ -107,14 +113,14 @@ fn evt() -> Arc<EventFd> {
 fn active_block(fx: &Fixture) -> Block {
     let mut b = Block::open(&fx.disk(), false).unwrap();
     let q = fx.queues(b.queue_max_sizes());
-    b.activate(fx.mem.clone(), q, IrqTrigger::new().unwrap(), VIRTIO_F_VERSION_1).unwrap();
+    b.activate(fx.active(q)).unwrap();
     b
 }
 
 fn active_vsock(fx: &Fixture) -> Vsock {
     let mut v = Vsock::new(7, &fx.sock()).unwrap();
     let q = fx.queues(v.queue_max_sizes());
-    v.activate(fx.mem.clone(), q, IrqTrigger::new().unwrap(), VIRTIO_F_VERSION_1).unwrap();
+    v.activate(fx.active(q)).unwrap();
     v
 }
 
@@ -146,7 +152,7 @@ fn transport(fx: &Fixture, dev: Box<dyn VirtioDevice>) -> MmioTransport {
 
 /// Rebuild the device a transport state carries, as the VMM does.
 fn device_from(fx: &Fixture, s: &crate::devices::virtio::persist::MmioState) -> Box<dyn VirtioDevice> {
-    let ctx = fx.device_ctx(s.acked_features);
+    let ctx = fx.device_ctx(s.registers.acked_features);
     match &s.device {
         DeviceState::Block(b) => Box::new(Block::restore(BlockContext { path: fx.disk(), device: ctx }, b).unwrap()),
         DeviceState::Vsock(v) => Box::new(Vsock::restore(VsockContext { uds_path: fx.sock(), device: ctx }, v).unwrap()),
@@ -177,7 +183,7 @@ persist_round_trip!(
     serial_round_trip,
     serial_with_input,
     |_: &Fixture, _: &_| SerialContext { irq: IrqEvt(evt()), out: Box::new(std::io::sink()) },
-    |_: &Fixture, s: &Serial| assert_eq!((s.save().scratch, s.save().in_buffer), (0x5a, b"abc".to_vec()))
+    |_: &Fixture, s: &Serial| assert_eq!((s.save().0.scratch, s.save().0.in_buffer), (0x5a, b"abc".to_vec()))
 );
 
 persist_round_trip!(
@@ -193,8 +199,8 @@ persist_round_trip!(
     |fx: &Fixture, _: &_| BlockContext { path: fx.disk(), device: fx.device_ctx(VIRTIO_F_VERSION_1) },
     |_: &Fixture, b: &Block| {
         assert!(b.is_activated());
-        let q = b.save().active.unwrap().queues;
-        assert_eq!((q[0].next_avail, q[0].next_used), (3, 2));
+        let q = b.save().base.active.unwrap().queues;
+        assert_eq!((q[0].0.next_avail, q[0].0.next_used), (3, 2));
     }
 );
 
@@ -233,7 +239,7 @@ fn serial_restores_its_registers_and_input() {
     assert_eq!(r.read(7), 0x5a, "scratch register");
     assert_eq!(r.read(0), b'a', "pending input survives");
     let mut too_much = s.save();
-    too_much.in_buffer = vec![0; 1 << 16];
+    too_much.0.in_buffer = vec![0; 1 << 16];
     assert!(Serial::restore(SerialContext { irq: IrqEvt(evt()), out: Box::new(std::io::sink()) }, &too_much).is_err());
 }
 
@@ -247,20 +253,20 @@ fn restore_refuses_state_that_does_not_fit() {
     assert!(e.to_string().contains("bytes"), "{e}");
     // A queue outside guest memory.
     let mut st = active_block(&fx).save();
-    if let Some(a) = st.active.as_mut() {
-        a.queues[0].desc_table = 0xfff_0000;
+    if let Some(a) = st.base.active.as_mut() {
+        a.queues[0].0.desc_table = 0xfff_0000;
     }
     let e = Block::restore(BlockContext { path: fx.disk(), device: fx.device_ctx(0) }, &st).err().unwrap();
     assert!(matches!(e, VirtioPersistError::Queue { index: 0, .. }), "{e}");
     // A queue larger than the device offers.
     let mut st = active_vsock(&fx).save();
-    if let Some(a) = st.active.as_mut() {
-        a.queues[2].max_size = 1024;
+    if let Some(a) = st.base.active.as_mut() {
+        a.queues[2].0.max_size = 1024;
     }
     assert!(Vsock::restore(VsockContext { uds_path: fx.sock(), device: fx.device_ctx(0) }, &st).is_err());
     // Too few queues.
     let mut st = active_vsock(&fx).save();
-    if let Some(a) = st.active.as_mut() {
+    if let Some(a) = st.base.active.as_mut() {
         a.queues.pop();
     }
     assert!(matches!(
@@ -294,7 +300,7 @@ fn vsock_sends_transport_reset_after_restore() {
         .map(|(i, &s)| DriverQueue::new(0x1000 + 0x4000 * i as u64, s).queue(&fx.mem))
         .collect();
     let irq = IrqTrigger::new().unwrap();
-    v.activate(fx.mem.clone(), queues, irq, VIRTIO_F_VERSION_1).unwrap();
+    v.activate(Active { irq, ..fx.active(queues) }).unwrap();
     fx.mem.write_obj(0xffff_ffffu32, GuestAddress(0x20000)).unwrap();
     evq.set_desc(&fx.mem, 0, 0x20000, 8, VIRTQ_DESC_F_WRITE, 0);
     evq.push_avail(&fx.mem, 0);
@@ -316,7 +322,7 @@ fn block_serves_a_request_posted_before_the_snapshot() {
     let fx = Fixture::new("pending");
     let mut b = Block::open(&fx.disk(), false).unwrap();
     let mut dq = DriverQueue::new(0x1000, b.queue_max_sizes()[0]);
-    b.activate(fx.mem.clone(), vec![dq.queue(&fx.mem)], IrqTrigger::new().unwrap(), VIRTIO_F_VERSION_1).unwrap();
+    b.activate(fx.active(vec![dq.queue(&fx.mem)])).unwrap();
     // A read of sector 0, posted but never notified to this VMM.
     fx.mem.write_obj(0u32, GuestAddress(0x8000)).unwrap(); // VIRTIO_BLK_T_IN
     fx.mem.write_obj(0u64, GuestAddress(0x8008)).unwrap();

@@ -10,14 +10,13 @@
 //! events.
 
 use kvm_bindings::{
-    kvm_cpuid_entry2, kvm_debugregs, kvm_fpu, kvm_lapic_state, kvm_mp_state,
-    kvm_msr_entry, kvm_regs, kvm_sregs, kvm_vcpu_events, kvm_xcrs, kvm_xsave, CpuId, Msrs,
-    KVM_MAX_CPUID_ENTRIES,
+    kvm_cpuid_entry2, kvm_debugregs, kvm_fpu, kvm_lapic_state, kvm_mp_state, kvm_msr_entry,
+    kvm_regs, kvm_sregs, kvm_vcpu_events, kvm_xcrs, kvm_xsave, CpuId, Msrs, KVM_MAX_CPUID_ENTRIES,
 };
 use kvm_ioctls::{Kvm, VcpuFd};
 use serde::{Deserialize, Serialize};
 
-use super::pod::Pod;
+use super::kvm_serde::{Exact, KvmFpu};
 
 /// Most MSRs one vCPU state may carry (KVM lists a few hundred at most).
 pub const MAX_MSRS: usize = 2048;
@@ -29,7 +28,11 @@ pub enum VcpuStateError {
     #[error("KVM ioctl {0} failed: {1}")]
     Ioctl(&'static str, #[source] kvm_ioctls::Error),
     #[error("KVM_SET_MSRS stopped at MSR {index:#x} ({set} of {total} set)")]
-    SetMsrs { index: u32, set: usize, total: usize },
+    SetMsrs {
+        index: u32,
+        set: usize,
+        total: usize,
+    },
     #[error("invalid vCPU state: {0}")]
     Invalid(String),
     #[error("vCPU {id}: TSC frequency {saved} kHz cannot be set (this host runs at {host} kHz): {source}")]
@@ -46,30 +49,25 @@ fn ioctl(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VcpuStateError
     move |e| VcpuStateError::Ioctl(what, e)
 }
 
-/// One MSR's index and value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Msr {
-    pub index: u32,
-    pub data: u64,
-}
-
-/// Everything KVM holds for one vCPU.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Everything KVM holds for one vCPU, as kvm-bindings' structs (see
+/// `kvm_serde` for how they are stored).
+#[derive(Debug, Serialize, Deserialize)]
 pub struct VcpuState {
     pub id: usize,
-    pub cpuid: Vec<Pod<kvm_cpuid_entry2>>,
-    pub msrs: Vec<Msr>,
-    pub regs: Pod<kvm_regs>,
-    pub sregs: Pod<kvm_sregs>,
-    pub fpu: Pod<kvm_fpu>,
+    pub cpuid: Vec<Exact<kvm_cpuid_entry2>>,
+    pub msrs: Vec<Exact<kvm_msr_entry>>,
+    pub regs: Exact<kvm_regs>,
+    pub sregs: Exact<kvm_sregs>,
+    #[serde(with = "KvmFpu")]
+    pub fpu: kvm_fpu,
     /// None where KVM_GET_XSAVE is unavailable (the FPU state then covers
     /// x87/SSE).
-    pub xsave: Option<Pod<kvm_xsave>>,
-    pub xcrs: Option<Pod<kvm_xcrs>>,
-    pub lapic: Pod<kvm_lapic_state>,
-    pub mp_state: Pod<kvm_mp_state>,
-    pub events: Pod<kvm_vcpu_events>,
-    pub debug_regs: Pod<kvm_debugregs>,
+    pub xsave: Option<Exact<kvm_xsave>>,
+    pub xcrs: Option<Exact<kvm_xcrs>>,
+    pub lapic: Exact<kvm_lapic_state>,
+    pub mp_state: Exact<kvm_mp_state>,
+    pub events: Exact<kvm_vcpu_events>,
+    pub debug_regs: Exact<kvm_debugregs>,
     pub tsc_khz: Option<u32>,
 }
 
@@ -86,25 +84,33 @@ pub fn msrs_to_save(kvm: &Kvm) -> Result<Vec<u32>, VcpuStateError> {
     let list = kvm
         .get_msr_index_list()
         .map_err(ioctl("KVM_GET_MSR_INDEX_LIST"))?;
-    let mut v: Vec<u32> = list.as_slice().iter().copied().filter(|i| !NOT_SAVED.contains(i)).collect();
+    let mut v: Vec<u32> = list
+        .as_slice()
+        .iter()
+        .copied()
+        .filter(|i| !NOT_SAVED.contains(i))
+        .collect();
     v.truncate(MAX_MSRS);
     Ok(v)
 }
 
 /// Read `indexes`, skipping those KVM refuses (KVM_GET_MSRS stops at the
 /// first MSR it cannot read: that one is dropped and the rest retried).
-pub fn get_msrs(vcpu: &VcpuFd, indexes: &[u32]) -> Result<Vec<Msr>, VcpuStateError> {
+pub fn get_msrs(vcpu: &VcpuFd, indexes: &[u32]) -> Result<Vec<kvm_msr_entry>, VcpuStateError> {
     let mut out = Vec::with_capacity(indexes.len());
     let mut rest: &[u32] = indexes;
     while !rest.is_empty() {
         let entries: Vec<kvm_msr_entry> = rest
             .iter()
-            .map(|&index| kvm_msr_entry { index, ..Default::default() })
+            .map(|&index| kvm_msr_entry {
+                index,
+                ..Default::default()
+            })
             .collect();
         let mut msrs = Msrs::from_entries(&entries)
             .map_err(|e| VcpuStateError::Invalid(format!("MSR list: {e:?}")))?;
         let n = vcpu.get_msrs(&mut msrs).map_err(ioctl("KVM_GET_MSRS"))?;
-        out.extend(msrs.as_slice().iter().take(n).map(|e| Msr { index: e.index, data: e.data }));
+        out.extend(msrs.as_slice().iter().take(n).copied());
         if let Some(skipped) = rest.get(n) {
             tracing::debug!("MSR {skipped:#x} is not readable; not saved");
         }
@@ -113,39 +119,46 @@ pub fn get_msrs(vcpu: &VcpuFd, indexes: &[u32]) -> Result<Vec<Msr>, VcpuStateErr
     Ok(out)
 }
 
+/// The result of an ioctl some hosts do not have: `None` there.
+fn optional<T>(
+    what: &'static str,
+    r: Result<T, kvm_ioctls::Error>,
+) -> Result<Option<T>, VcpuStateError> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if [libc::EINVAL, libc::ENOTTY, libc::EOPNOTSUPP].contains(&e.errno()) => Ok(None),
+        Err(e) => Err(VcpuStateError::Ioctl(what, e)),
+    }
+}
+
 /// Save vCPU `id`'s state. The caller has made sure the vCPU completed any
 /// I/O it exited for (a KVM_RUN with immediate_exit set).
 pub fn save(id: usize, vcpu: &VcpuFd, msr_list: &[u32]) -> Result<VcpuState, VcpuStateError> {
     let cpuid = vcpu
         .get_cpuid2(KVM_MAX_CPUID_ENTRIES)
         .map_err(ioctl("KVM_GET_CPUID2"))?;
-    let xsave = match vcpu.get_xsave() {
-        Ok(x) => Some(Pod(x)),
-        Err(e) if e.errno() == libc::EINVAL || e.errno() == libc::ENOTTY || e.errno() == libc::EOPNOTSUPP => {
-            tracing::debug!("vcpu{id}: KVM_GET_XSAVE unavailable ({e}); saving the FPU state only");
-            None
-        }
-        Err(e) => return Err(VcpuStateError::Ioctl("KVM_GET_XSAVE", e)),
-    };
-    let xcrs = match vcpu.get_xcrs() {
-        Ok(x) => Some(Pod(x)),
-        Err(e) if e.errno() == libc::EINVAL || e.errno() == libc::ENOTTY || e.errno() == libc::EOPNOTSUPP => None,
-        Err(e) => return Err(VcpuStateError::Ioctl("KVM_GET_XCRS", e)),
-    };
+    let xsave = optional("KVM_GET_XSAVE", vcpu.get_xsave())?;
+    if xsave.is_none() {
+        tracing::debug!("vcpu{id}: KVM_GET_XSAVE unavailable; saving the FPU state only");
+    }
+    let xcrs = optional("KVM_GET_XCRS", vcpu.get_xcrs())?;
     let tsc_khz = vcpu.get_tsc_khz().ok();
     Ok(VcpuState {
         id,
-        cpuid: cpuid.as_slice().iter().map(|e| Pod(*e)).collect(),
-        msrs: get_msrs(vcpu, msr_list)?,
-        regs: Pod(vcpu.get_regs().map_err(ioctl("KVM_GET_REGS"))?),
-        sregs: Pod(vcpu.get_sregs().map_err(ioctl("KVM_GET_SREGS"))?),
-        fpu: Pod(vcpu.get_fpu().map_err(ioctl("KVM_GET_FPU"))?),
-        xsave,
-        xcrs,
-        lapic: Pod(vcpu.get_lapic().map_err(ioctl("KVM_GET_LAPIC"))?),
-        mp_state: Pod(vcpu.get_mp_state().map_err(ioctl("KVM_GET_MP_STATE"))?),
-        events: Pod(vcpu.get_vcpu_events().map_err(ioctl("KVM_GET_VCPU_EVENTS"))?),
-        debug_regs: Pod(vcpu.get_debug_regs().map_err(ioctl("KVM_GET_DEBUGREGS"))?),
+        cpuid: cpuid.as_slice().iter().copied().map(Exact).collect(),
+        msrs: get_msrs(vcpu, msr_list)?.into_iter().map(Exact).collect(),
+        regs: Exact(vcpu.get_regs().map_err(ioctl("KVM_GET_REGS"))?),
+        sregs: Exact(vcpu.get_sregs().map_err(ioctl("KVM_GET_SREGS"))?),
+        fpu: vcpu.get_fpu().map_err(ioctl("KVM_GET_FPU"))?,
+        xsave: xsave.map(Exact),
+        xcrs: xcrs.map(Exact),
+        lapic: Exact(vcpu.get_lapic().map_err(ioctl("KVM_GET_LAPIC"))?),
+        mp_state: Exact(vcpu.get_mp_state().map_err(ioctl("KVM_GET_MP_STATE"))?),
+        events: Exact(
+            vcpu.get_vcpu_events()
+                .map_err(ioctl("KVM_GET_VCPU_EVENTS"))?,
+        ),
+        debug_regs: Exact(vcpu.get_debug_regs().map_err(ioctl("KVM_GET_DEBUGREGS"))?),
         tsc_khz,
     })
 }
@@ -160,7 +173,11 @@ pub fn validate(state: &VcpuState, allowed_msrs: &[u32]) -> Result<(), VcpuState
         )));
     }
     if state.msrs.len() > MAX_MSRS {
-        return Err(VcpuStateError::Invalid(format!("vcpu{}: {} MSRs", state.id, state.msrs.len())));
+        return Err(VcpuStateError::Invalid(format!(
+            "vcpu{}: {} MSRs",
+            state.id,
+            state.msrs.len()
+        )));
     }
     if let Some(m) = state.msrs.iter().find(|m| !allowed_msrs.contains(&m.index)) {
         return Err(VcpuStateError::Invalid(format!(
@@ -170,7 +187,10 @@ pub fn validate(state: &VcpuState, allowed_msrs: &[u32]) -> Result<(), VcpuState
     }
     if let Some(khz) = state.tsc_khz {
         if khz == 0 {
-            return Err(VcpuStateError::Invalid(format!("vcpu{}: TSC frequency 0", state.id)));
+            return Err(VcpuStateError::Invalid(format!(
+                "vcpu{}: TSC frequency 0",
+                state.id
+            )));
         }
     }
     Ok(())
@@ -178,11 +198,7 @@ pub fn validate(state: &VcpuState, allowed_msrs: &[u32]) -> Result<(), VcpuState
 
 /// MSRs in the order they must be set: TSC_DEADLINE after TSC (a deadline
 /// is relative to the TSC), everything else as saved.
-fn ordered_msrs(msrs: &[Msr]) -> Vec<kvm_msr_entry> {
-    let mut v: Vec<kvm_msr_entry> = msrs
-        .iter()
-        .map(|m| kvm_msr_entry { index: m.index, data: m.data, ..Default::default() })
-        .collect();
+fn ordered_msrs(mut v: Vec<kvm_msr_entry>) -> Vec<kvm_msr_entry> {
     v.sort_by_key(|e| match e.index {
         MSR_IA32_TSC => 0,
         MSR_IA32_TSC_DEADLINE => 2,
@@ -199,27 +215,36 @@ pub fn restore(vcpu: &VcpuFd, state: &VcpuState) -> Result<(), VcpuStateError> {
         // Within 250 ppm counts as the same clock (what Firecracker allows).
         if u64::from(saved.abs_diff(host)) * 4000 > u64::from(saved) {
             vcpu.set_tsc_khz(saved)
-                .map_err(|source| VcpuStateError::TscKhz { id, saved, host, source })?;
+                .map_err(|source| VcpuStateError::TscKhz {
+                    id,
+                    saved,
+                    host,
+                    source,
+                })?;
         }
     }
-    let entries: Vec<kvm_cpuid_entry2> = state.cpuid.iter().map(|p| p.0).collect();
+    let entries: Vec<kvm_cpuid_entry2> = state.cpuid.iter().map(|e| e.0).collect();
     let cpuid = CpuId::from_entries(&entries)
         .map_err(|e| VcpuStateError::Invalid(format!("vcpu{id}: CPUID: {e:?}")))?;
     vcpu.set_cpuid2(&cpuid).map_err(ioctl("KVM_SET_CPUID2"))?;
-    vcpu.set_mp_state(state.mp_state.0).map_err(ioctl("KVM_SET_MP_STATE"))?;
-    vcpu.set_regs(&state.regs.0).map_err(ioctl("KVM_SET_REGS"))?;
-    vcpu.set_sregs(&state.sregs.0).map_err(ioctl("KVM_SET_SREGS"))?;
-    vcpu.set_fpu(&state.fpu.0).map_err(ioctl("KVM_SET_FPU"))?;
+    vcpu.set_mp_state(*state.mp_state)
+        .map_err(ioctl("KVM_SET_MP_STATE"))?;
+    vcpu.set_regs(&state.regs).map_err(ioctl("KVM_SET_REGS"))?;
+    vcpu.set_sregs(&state.sregs)
+        .map_err(ioctl("KVM_SET_SREGS"))?;
+    vcpu.set_fpu(&state.fpu).map_err(ioctl("KVM_SET_FPU"))?;
     if let Some(x) = &state.xsave {
         // SAFETY: a legacy 4 KiB kvm_xsave, as KVM_GET_XSAVE returned it.
-        unsafe { vcpu.set_xsave(&x.0) }.map_err(ioctl("KVM_SET_XSAVE"))?;
+        unsafe { vcpu.set_xsave(x) }.map_err(ioctl("KVM_SET_XSAVE"))?;
     }
     if let Some(x) = &state.xcrs {
-        vcpu.set_xcrs(&x.0).map_err(ioctl("KVM_SET_XCRS"))?;
+        vcpu.set_xcrs(x).map_err(ioctl("KVM_SET_XCRS"))?;
     }
-    vcpu.set_debug_regs(&state.debug_regs.0).map_err(ioctl("KVM_SET_DEBUGREGS"))?;
-    vcpu.set_lapic(&state.lapic.0).map_err(ioctl("KVM_SET_LAPIC"))?;
-    let entries = ordered_msrs(&state.msrs);
+    vcpu.set_debug_regs(&state.debug_regs)
+        .map_err(ioctl("KVM_SET_DEBUGREGS"))?;
+    vcpu.set_lapic(&state.lapic)
+        .map_err(ioctl("KVM_SET_LAPIC"))?;
+    let entries = ordered_msrs(state.msrs.iter().map(|m| m.0).collect());
     let msrs = Msrs::from_entries(&entries)
         .map_err(|e| VcpuStateError::Invalid(format!("vcpu{id}: MSRs: {e:?}")))?;
     let set = vcpu.set_msrs(&msrs).map_err(ioctl("KVM_SET_MSRS"))?;
@@ -230,7 +255,8 @@ pub fn restore(vcpu: &VcpuFd, state: &VcpuState) -> Result<(), VcpuStateError> {
             total: entries.len(),
         });
     }
-    vcpu.set_vcpu_events(&state.events.0).map_err(ioctl("KVM_SET_VCPU_EVENTS"))?;
+    vcpu.set_vcpu_events(&state.events)
+        .map_err(ioctl("KVM_SET_VCPU_EVENTS"))?;
     Ok(())
 }
 
@@ -240,12 +266,20 @@ mod tests {
 
     #[test]
     fn tsc_deadline_is_restored_after_tsc() {
+        let msr = |index, data| kvm_msr_entry {
+            index,
+            data,
+            ..Default::default()
+        };
         let msrs = [
-            Msr { index: MSR_IA32_TSC_DEADLINE, data: 5 },
-            Msr { index: 0x174, data: 1 },
-            Msr { index: MSR_IA32_TSC, data: 7 },
+            msr(MSR_IA32_TSC_DEADLINE, 5),
+            msr(0x174, 1),
+            msr(MSR_IA32_TSC, 7),
         ];
-        let order: Vec<u32> = ordered_msrs(&msrs).iter().map(|e| e.index).collect();
+        let order: Vec<u32> = ordered_msrs(msrs.to_vec())
+            .iter()
+            .map(|e| e.index)
+            .collect();
         assert_eq!(order, vec![MSR_IA32_TSC, 0x174, MSR_IA32_TSC_DEADLINE]);
     }
 }

@@ -144,7 +144,7 @@ impl Vmm {
                 }
             };
             let w = wire_virtio(&vm, i, max_sizes)?;
-            let ctx = DeviceContext { mem: mem.clone(), irq: w.irq.clone(), acked_features: ms.acked_features };
+            let ctx = DeviceContext { mem: mem.clone(), irq: w.irq.clone(), acked_features: ms.registers.acked_features };
             let dev: Box<dyn VirtioDevice> = match &ms.device {
                 DeviceState::Block(b) => {
                     let path = opts.disks.get(disk_no).cloned().unwrap_or_else(|| b.path.clone());

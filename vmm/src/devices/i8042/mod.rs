@@ -1,9 +1,10 @@
 //! A minimal i8042 keyboard controller: enough for Linux's i8042/atkbd
 //! probe to finish quickly, and for `reboot=k` (command 0xFE, CPU reset)
-//! to end the VM, as Firecracker does.
+//! to end the VM, as Firecracker does. It has no host-side events: it
+//! only reacts to guest port I/O, and its one outgoing event, CPU reset,
+//! is an eventfd the VMM loop watches.
 
 mod device;
-mod event_handler;
 pub mod persist;
 #[cfg(test)]
 mod tests;

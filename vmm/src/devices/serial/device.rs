@@ -1,4 +1,4 @@
-use std::io::Write;
+use std::io::{Read, Write};
 use std::sync::Arc;
 
 use vmm_sys_util::eventfd::EventFd;
@@ -46,5 +46,23 @@ impl Serial {
     /// Queue input bytes for the guest; returns how many fit.
     pub fn enqueue_input(&mut self, bytes: &[u8]) -> usize {
         self.uart.enqueue_raw_bytes(bytes).unwrap_or(0)
+    }
+
+    /// Host input (a terminal on stdin in standalone mode): read what is
+    /// available from `input` and queue it for the guest. Returns false
+    /// at end of input.
+    pub fn handle_input(&mut self, input: &mut impl Read) -> bool {
+        let mut buf = [0u8; 64];
+        match input.read(&mut buf) {
+            Ok(0) => false,
+            Ok(n) => {
+                self.enqueue_input(buf.get(..n).unwrap_or_default());
+                true
+            }
+            Err(e) => {
+                e.kind() == std::io::ErrorKind::Interrupted
+                    || e.kind() == std::io::ErrorKind::WouldBlock
+            }
+        }
     }
 }

@@ -1,7 +1,6 @@
 //! 8250/16550 UART on COM1 (vm-superio), output to a log file or stdout.
 
 mod device;
-mod event_handler;
 pub mod persist;
 #[cfg(test)]
 mod tests;

@@ -1,5 +1,5 @@
 //! Snapshot state of the serial port: the UART registers and its receive
-//! FIFO (vm-superio's `SerialState`, mirrored here for serde). The console
+//! FIFO (vm-superio's `SerialState`, given serde through `serde(remote)`). The console
 //! output goes wherever the restoring VMM says.
 
 use serde::{Deserialize, Serialize};
@@ -8,19 +8,27 @@ use vm_superio::serial::SerialState;
 use super::{IrqEvt, Serial, SerialOut};
 use crate::snapshot::Persist;
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SerialSnap {
-    pub baud_divisor_low: u8,
-    pub baud_divisor_high: u8,
-    pub interrupt_enable: u8,
-    pub interrupt_identification: u8,
-    pub line_control: u8,
-    pub line_status: u8,
-    pub modem_control: u8,
-    pub modem_status: u8,
-    pub scratch: u8,
-    pub in_buffer: Vec<u8>,
+/// vm-superio's `SerialState` (which has no serde of its own), field for
+/// field.
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "SerialState")]
+struct SerialStateDef {
+    baud_divisor_low: u8,
+    baud_divisor_high: u8,
+    interrupt_enable: u8,
+    interrupt_identification: u8,
+    line_control: u8,
+    line_status: u8,
+    modem_control: u8,
+    modem_status: u8,
+    scratch: u8,
+    in_buffer: Vec<u8>,
 }
+
+/// The UART's state in the state file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SerialSnap(#[serde(with = "SerialStateDef")] pub SerialState);
 
 #[derive(Debug, thiserror::Error)]
 #[error("serial state: {0}")]
@@ -37,37 +45,14 @@ impl Persist for Serial {
     type Error = SerialPersistError;
 
     fn save(&self) -> SerialSnap {
-        let s = self.uart.state();
-        SerialSnap {
-            baud_divisor_low: s.baud_divisor_low,
-            baud_divisor_high: s.baud_divisor_high,
-            interrupt_enable: s.interrupt_enable,
-            interrupt_identification: s.interrupt_identification,
-            line_control: s.line_control,
-            line_status: s.line_status,
-            modem_control: s.modem_control,
-            modem_status: s.modem_status,
-            scratch: s.scratch,
-            in_buffer: s.in_buffer,
-        }
+        SerialSnap(self.uart.state())
     }
 
     fn restore(ctx: SerialContext, s: &SerialSnap) -> Result<Self, SerialPersistError> {
-        let state = SerialState {
-            baud_divisor_low: s.baud_divisor_low,
-            baud_divisor_high: s.baud_divisor_high,
-            interrupt_enable: s.interrupt_enable,
-            interrupt_identification: s.interrupt_identification,
-            line_control: s.line_control,
-            line_status: s.line_status,
-            modem_control: s.modem_control,
-            modem_status: s.modem_status,
-            scratch: s.scratch,
-            // vm-superio refuses more than its FIFO holds.
-            in_buffer: s.in_buffer.clone(),
-        };
-        let uart = vm_superio::Serial::from_state(&state, ctx.irq, vm_superio::serial::NoEvents, ctx.out)
-            .map_err(|e| SerialPersistError(format!("{e:?}")))?;
+        // vm-superio refuses more input than its FIFO holds.
+        let uart =
+            vm_superio::Serial::from_state(&s.0, ctx.irq, vm_superio::serial::NoEvents, ctx.out)
+                .map_err(|e| SerialPersistError(format!("{e:?}")))?;
         Ok(Serial { uart })
     }
 }

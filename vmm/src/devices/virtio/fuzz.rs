@@ -13,7 +13,7 @@ use vm_memory::{Bytes, GuestAddress};
 
 use super::block::Block;
 use super::vsock::Vsock;
-use super::{IrqTrigger, VirtioDevice};
+use super::{Active, IrqTrigger, VirtioDevice};
 
 /// Guest memory size the harness uses.
 pub const MEM_SIZE: usize = 64 * 1024;
@@ -64,7 +64,8 @@ pub fn run(data: &[u8]) {
                 return;
             };
             let Some(q) = queue(&mem) else { return };
-            if blk.activate(mem.clone(), vec![q], irq, 0).is_ok() {
+            let active = Active { mem: mem.clone(), queues: vec![q], irq, acked_features: 0 };
+            if blk.activate(active).is_ok() {
                 let _ = blk.process_queue(0);
             }
         }
@@ -77,7 +78,8 @@ pub fn run(data: &[u8]) {
             let (Some(a), Some(b), Some(c)) = (queue(&mem), queue(&mem), queue(&mem)) else {
                 return;
             };
-            if v.activate(mem.clone(), vec![a, b, c], irq, 0).is_ok() {
+            let active = Active { mem: mem.clone(), queues: vec![a, b, c], irq, acked_features: 0 };
+            if v.activate(active).is_ok() {
                 let _ = v.process_queue(if which == 1 { 1 } else { 0 });
             }
         }

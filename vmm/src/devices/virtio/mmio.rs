@@ -4,10 +4,10 @@
 
 use std::sync::atomic::Ordering;
 
-use virtio_queue::{Queue, QueueT};
 use crate::GuestMemoryMmap;
+use virtio_queue::{Queue, QueueT};
 
-use super::{IrqTrigger, VirtioDevice, VIRTIO_F_VERSION_1, VIRTIO_MMIO_INT_CONFIG};
+use super::{Active, IrqTrigger, VirtioDevice, VIRTIO_F_VERSION_1, VIRTIO_MMIO_INT_CONFIG};
 
 const MAGIC_VALUE: u32 = 0x7472_6976; // "virt"
 const MMIO_VERSION: u32 = 2;
@@ -46,7 +46,7 @@ pub const STATUS_NEEDS_RESET: u32 = 0x40;
 pub const STATUS_FAILED: u32 = 0x80;
 
 /// The transport's own registers (for snapshots).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Registers {
     pub features_sel: u32,
     pub acked_features_sel: u32,
@@ -207,7 +207,10 @@ impl MmioTransport {
             return;
         }
         let Ok(bytes) = <[u8; 4]>::try_from(data) else {
-            tracing::debug!("ignoring {}-byte virtio-mmio write at {offset:#x}", data.len());
+            tracing::debug!(
+                "ignoring {}-byte virtio-mmio write at {offset:#x}",
+                data.len()
+            );
             return;
         };
         let v = u32::from_le_bytes(bytes);
@@ -221,8 +224,8 @@ impl MmioTransport {
                 let avail = self.device.avail_features();
                 match self.acked_features_sel {
                     0 => {
-                        self.acked_features =
-                            (self.acked_features & !0xffff_ffff) | (u64::from(v) & avail & 0xffff_ffff)
+                        self.acked_features = (self.acked_features & !0xffff_ffff)
+                            | (u64::from(v) & avail & 0xffff_ffff)
                     }
                     1 => {
                         self.acked_features = (self.acked_features & 0xffff_ffff)
@@ -324,13 +327,16 @@ impl MmioTransport {
                 return;
             }
         };
-        if let Err(e) = self.device.activate(
-            self.mem.clone(),
+        if let Err(e) = self.device.activate(Active {
+            mem: self.mem.clone(),
             queues,
-            self.irq.clone(),
-            self.acked_features,
-        ) {
-            tracing::warn!("virtio device {} activation failed: {e}", self.device.device_type());
+            irq: self.irq.clone(),
+            acked_features: self.acked_features,
+        }) {
+            tracing::warn!(
+                "virtio device {} activation failed: {e}",
+                self.device.device_type()
+            );
             self.set_needs_reset();
         }
     }
@@ -340,41 +346,15 @@ impl MmioTransport {
 mod tests {
     use super::*;
     use crate::devices::virtio::queue::testing::{memory, DriverQueue};
-    use crate::devices::virtio::{read_config_bytes, ActivateError, DeviceError};
+    use crate::devices::virtio::{delegate_base, DeviceError, VirtioBase};
 
     struct Dummy {
-        active: bool,
+        base: VirtioBase,
         notified: Vec<usize>,
-        config: [u8; 8],
     }
 
     impl VirtioDevice for Dummy {
-        fn device_type(&self) -> u32 {
-            42
-        }
-        fn avail_features(&self) -> u64 {
-            VIRTIO_F_VERSION_1 | 0b101
-        }
-        fn queue_max_sizes(&self) -> &[u16] {
-            &[16, 8]
-        }
-        fn read_config(&self, offset: u64, data: &mut [u8]) {
-            read_config_bytes(&self.config, offset, data)
-        }
-        fn activate(
-            &mut self,
-            _mem: GuestMemoryMmap,
-            queues: Vec<Queue>,
-            _irq: IrqTrigger,
-            _f: u64,
-        ) -> Result<(), ActivateError> {
-            assert_eq!(queues.len(), 2);
-            self.active = true;
-            Ok(())
-        }
-        fn is_activated(&self) -> bool {
-            self.active
-        }
+        delegate_base!(base);
         fn process_queue(&mut self, index: usize) -> Result<(), DeviceError> {
             self.notified.push(index);
             if index > 1 {
@@ -382,16 +362,19 @@ mod tests {
             }
             Ok(())
         }
-        fn reset(&mut self) {
-            self.active = false;
-        }
-        fn error_count(&self) -> u64 {
-            0
-        }
     }
 
     fn transport() -> MmioTransport {
-        let dev = Dummy { active: false, notified: vec![], config: [1, 2, 3, 4, 5, 6, 7, 8] };
+        let base = VirtioBase::new(
+            42,
+            VIRTIO_F_VERSION_1 | 0b101,
+            &[16, 8],
+            vec![1, 2, 3, 4, 5, 6, 7, 8],
+        );
+        let dev = Dummy {
+            base,
+            notified: vec![],
+        };
         MmioTransport::new(Box::new(dev), memory(1 << 20), IrqTrigger::new().unwrap()).unwrap()
     }
 
@@ -451,8 +434,16 @@ mod tests {
         w(&mut t, REG_DRIVER_FEATURES, 1);
         w(&mut t, REG_DRIVER_FEATURES_SEL, 0);
         w(&mut t, REG_DRIVER_FEATURES, 0xffff_ffff);
-        assert_eq!(t.acked_features, VIRTIO_F_VERSION_1 | 0b101, "masked by offer");
-        w(&mut t, REG_STATUS, STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_FEATURES_OK);
+        assert_eq!(
+            t.acked_features,
+            VIRTIO_F_VERSION_1 | 0b101,
+            "masked by offer"
+        );
+        w(
+            &mut t,
+            REG_STATUS,
+            STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_FEATURES_OK,
+        );
         assert_ne!(r(&mut t, REG_STATUS) & STATUS_FEATURES_OK, 0);
         setup_queue(&mut t, 0, &DriverQueue::new(0x1000, 16));
         setup_queue(&mut t, 1, &DriverQueue::new(0x4000, 8));
@@ -461,7 +452,11 @@ mod tests {
         assert!(t.device().is_activated());
         w(&mut t, REG_QUEUE_NOTIFY, 1);
         w(&mut t, REG_QUEUE_NOTIFY, 5);
-        assert_ne!(r(&mut t, REG_STATUS) & STATUS_NEEDS_RESET, 0, "bad queue index is a device error");
+        assert_ne!(
+            r(&mut t, REG_STATUS) & STATUS_NEEDS_RESET,
+            0,
+            "bad queue index is a device error"
+        );
         assert_ne!(r(&mut t, REG_INTERRUPT_STATUS) & VIRTIO_MMIO_INT_CONFIG, 0);
         w(&mut t, REG_INTERRUPT_ACK, VIRTIO_MMIO_INT_CONFIG);
         assert_eq!(r(&mut t, REG_INTERRUPT_STATUS), 0);
@@ -479,7 +474,11 @@ mod tests {
         let mut t = transport();
         w(&mut t, REG_STATUS, STATUS_ACKNOWLEDGE | STATUS_DRIVER);
         w(&mut t, REG_DRIVER_FEATURES, 0b1);
-        w(&mut t, REG_STATUS, STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_FEATURES_OK);
+        w(
+            &mut t,
+            REG_STATUS,
+            STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_FEATURES_OK,
+        );
         assert_eq!(r(&mut t, REG_STATUS) & STATUS_FEATURES_OK, 0);
         w(&mut t, REG_STATUS, 0xf);
         assert!(!t.device().is_activated());

@@ -1,7 +1,10 @@
-//! virtio: the device trait, the MMIO transport and shared queue helpers.
-//! Each device has its own folder (device, event handling, snapshot state,
-//! tests), as Firecracker lays out `devices/virtio/<dev>/`.
+//! virtio: the device trait and the base every device shares
+//! (`base.rs`), the MMIO transport, safe queue access and the shared
+//! snapshot state. Each device has its own folder with the same files
+//! (device, snapshot state, tests), as Firecracker lays out
+//! `devices/virtio/<dev>/`.
 
+pub mod base;
 pub mod block;
 pub mod fuzz;
 pub mod mmio;
@@ -10,12 +13,8 @@ pub mod queue;
 pub mod vsock;
 
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
 
-use virtio_queue::Queue;
-use crate::GuestMemoryMmap;
-use vmm_sys_util::eventfd::EventFd;
+pub use base::{read_config_bytes, Active, IrqTrigger, VirtioBase};
 
 /// VIRTIO_F_VERSION_1: the only (modern) interface we offer.
 pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
@@ -52,52 +51,61 @@ pub enum ActivateError {
     Backend(String),
 }
 
-/// Raises the device's interrupt line: sets a bit in the transport's
-/// interrupt status and signals the irqfd (or, in tests, a plain eventfd).
-#[derive(Clone, Debug)]
-pub struct IrqTrigger {
-    pub status: Arc<AtomicU32>,
-    pub evt: Arc<EventFd>,
+/// [`VirtioDevice::base`] and [`VirtioDevice::base_mut`] for a device that
+/// keeps its [`VirtioBase`] in field `$field` (`delegate_base!(base);`
+/// inside its `impl VirtioDevice`).
+macro_rules! delegate_base {
+    ($field:ident) => {
+        fn base(&self) -> &$crate::devices::virtio::VirtioBase {
+            &self.$field
+        }
+
+        fn base_mut(&mut self) -> &mut $crate::devices::virtio::VirtioBase {
+            &mut self.$field
+        }
+    };
 }
+pub(crate) use delegate_base;
 
-impl IrqTrigger {
-    pub fn new() -> std::io::Result<Self> {
-        Ok(Self {
-            status: Arc::new(AtomicU32::new(0)),
-            evt: Arc::new(EventFd::new(libc::EFD_NONBLOCK)?),
-        })
-    }
-
-    pub fn trigger(&self, bit: u32) -> Result<(), DeviceError> {
-        self.status.fetch_or(bit, Ordering::SeqCst);
-        self.evt.write(1).map_err(DeviceError::Irq)
-    }
-}
-
-/// What a virtio device must provide to the MMIO transport.
+/// What a virtio device must provide to the MMIO transport. A device
+/// holds a [`VirtioBase`] and returns it from [`Self::base`] and
+/// [`Self::base_mut`]; identity, config space, activation, reset and error
+/// counting come from it through the default methods, so a device writes
+/// only how it processes its queues (and its backend, if it has one).
 pub trait VirtioDevice: Send {
-    fn device_type(&self) -> u32;
+    fn base(&self) -> &VirtioBase;
+    fn base_mut(&mut self) -> &mut VirtioBase;
+    /// The driver notified queue `index`.
+    fn process_queue(&mut self, index: usize) -> Result<(), DeviceError>;
+
+    fn device_type(&self) -> u32 {
+        self.base().device_type()
+    }
     /// Feature bits offered (must include [`VIRTIO_F_VERSION_1`]).
-    fn avail_features(&self) -> u64;
+    fn avail_features(&self) -> u64 {
+        self.base().avail_features()
+    }
     /// Maximum size of each queue; the count is the number of queues.
-    fn queue_max_sizes(&self) -> &[u16];
+    fn queue_max_sizes(&self) -> &[u16] {
+        self.base().queue_max_sizes()
+    }
     /// Read device config space at `offset`; bytes past the end read as 0.
-    fn read_config(&self, offset: u64, data: &mut [u8]);
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        self.base().read_config(offset, data)
+    }
     /// Write device config space (most devices ignore it).
     fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
     /// The driver set DRIVER_OK: start using the queues.
-    fn activate(
-        &mut self,
-        mem: GuestMemoryMmap,
-        queues: Vec<Queue>,
-        irq: IrqTrigger,
-        acked_features: u64,
-    ) -> Result<(), ActivateError>;
-    fn is_activated(&self) -> bool;
-    /// The driver notified queue `index`.
-    fn process_queue(&mut self, index: usize) -> Result<(), DeviceError>;
+    fn activate(&mut self, active: Active) -> Result<(), ActivateError> {
+        self.base_mut().activate(active)
+    }
+    fn is_activated(&self) -> bool {
+        self.base().is_activated()
+    }
     /// The driver reset the device: drop the queues and backend state.
-    fn reset(&mut self);
+    fn reset(&mut self) {
+        self.base_mut().reset()
+    }
     /// A file descriptor whose readability means [`Self::process_backend`]
     /// has work (vsock's host sockets); `None` for purely guest-driven devices.
     fn backend_fd(&self) -> Option<RawFd> {
@@ -108,7 +116,9 @@ pub trait VirtioDevice: Send {
         Ok(())
     }
     /// How many malformed requests the guest has sent so far.
-    fn error_count(&self) -> u64;
+    fn error_count(&self) -> u64 {
+        self.base().errors
+    }
     /// The device's snapshot state (see each device's `persist.rs`).
     fn save_device_state(&self) -> persist::DeviceState {
         persist::DeviceState::Unsupported(self.device_type())
@@ -116,17 +126,5 @@ pub trait VirtioDevice: Send {
     /// Called once the whole VM is restored, before it runs.
     fn on_restored(&mut self) -> Result<(), DeviceError> {
         Ok(())
-    }
-}
-
-/// Copy `config[offset..]` into `data`, zero-filling past the end.
-pub fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {
-    for (i, b) in data.iter_mut().enumerate() {
-        *b = usize::try_from(offset)
-            .ok()
-            .and_then(|o| o.checked_add(i))
-            .and_then(|o| config.get(o))
-            .copied()
-            .unwrap_or(0);
     }
 }

@@ -2,15 +2,13 @@ use std::fs::{File, OpenOptions};
 use std::io::{Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
-use virtio_queue::{Queue, QueueT};
-use crate::GuestMemoryMmap;
 use vm_memory::{Bytes, GuestAddress};
 
 use crate::devices::virtio::queue::{add_used, collect_chain, pop_chain, QueueError};
 use crate::devices::virtio::{
-    read_config_bytes, ActivateError, DeviceError, IrqTrigger, VirtioDevice, TYPE_BLOCK,
-    VIRTIO_F_VERSION_1, VIRTIO_MMIO_INT_VRING,
+    delegate_base, DeviceError, VirtioBase, VirtioDevice, TYPE_BLOCK, VIRTIO_F_VERSION_1,
 };
+use crate::GuestMemoryMmap;
 
 pub const SECTOR_SIZE: u64 = 512;
 pub(crate) const QUEUE_SIZE: u16 = 256;
@@ -71,12 +69,8 @@ pub struct Block {
     pub(super) disk: File,
     pub(super) read_only: bool,
     pub(super) capacity: u64,
-    pub(super) config: [u8; 8],
     pub(super) id: [u8; VIRTIO_BLK_ID_BYTES],
-    pub(super) mem: Option<GuestMemoryMmap>,
-    pub(super) queues: Vec<Queue>,
-    pub(super) irq: Option<IrqTrigger>,
-    pub(super) errors: u64,
+    pub(super) base: VirtioBase,
 }
 
 impl Block {
@@ -104,17 +98,19 @@ impl Block {
         let mut id = [0u8; VIRTIO_BLK_ID_BYTES];
         let name = b"burrow-blk";
         id[..name.len()].copy_from_slice(name);
+        let mut features = VIRTIO_F_VERSION_1 | VIRTIO_BLK_F_FLUSH;
+        if read_only {
+            features |= VIRTIO_BLK_F_RO;
+        }
+        // Config space: the capacity in sectors.
+        let config = capacity.to_le_bytes().to_vec();
         Ok(Self {
             path: path.to_path_buf(),
             disk,
             read_only,
             capacity,
-            config: capacity.to_le_bytes(),
             id,
-            mem: None,
-            queues: Vec::new(),
-            irq: None,
-            errors: 0,
+            base: VirtioBase::new(TYPE_BLOCK, features, &[QUEUE_SIZE], config),
         })
     }
 
@@ -129,10 +125,10 @@ impl Block {
 
     /// Process every available request on the request queue.
     pub(crate) fn process_requests(&mut self) -> Result<(), DeviceError> {
-        let mem = self.mem.clone().ok_or(DeviceError::NotActivated)?;
+        let mem = self.base.mem()?;
         let mut used_any = false;
         loop {
-            let queue = self.queues.get_mut(0).ok_or(DeviceError::NoSuchQueue(0))?;
+            let queue = self.base.queue_mut(0)?;
             let Some(mut chain) = pop_chain(queue, &mem)? else {
                 break;
             };
@@ -143,22 +139,16 @@ impl Block {
             {
                 Ok(req) => self.execute(&mem, &req),
                 Err(e) => {
-                    self.errors += 1;
+                    self.base.errors += 1;
                     tracing::warn!("virtio-blk: malformed request: {e}");
                     0
                 }
             };
-            let queue = self.queues.get_mut(0).ok_or(DeviceError::NoSuchQueue(0))?;
-            add_used(queue, &mem, head, len)?;
+            add_used(self.base.queue_mut(0)?, &mem, head, len)?;
             used_any = true;
         }
         if used_any {
-            let queue = self.queues.get_mut(0).ok_or(DeviceError::NoSuchQueue(0))?;
-            if queue.needs_notification(&mem).unwrap_or(true) {
-                if let Some(irq) = &self.irq {
-                    irq.trigger(VIRTIO_MMIO_INT_VRING)?;
-                }
-            }
+            self.base.signal_used_if_needed(0)?;
         }
         Ok(())
     }
@@ -170,7 +160,7 @@ impl Block {
             Err(s) => (s, 0),
         };
         if mem.write_obj(status, req.status).is_err() {
-            self.errors += 1;
+            self.base.errors += 1;
             return 0;
         }
         written.saturating_add(1)
@@ -180,7 +170,7 @@ impl Block {
         match req.kind {
             VIRTIO_BLK_T_IN | VIRTIO_BLK_T_OUT => {
                 if req.data_len % SECTOR_SIZE != 0 {
-                    self.errors += 1;
+                    self.base.errors += 1;
                     return Err(VIRTIO_BLK_S_IOERR);
                 }
                 let end = req
@@ -246,7 +236,9 @@ pub(crate) fn parse_request(
     if first.is_write_only() || first.len() < 16 {
         return Err(RequestError::BadHeader);
     }
-    let header: [u8; 16] = mem.read_obj(first.addr()).map_err(|_| RequestError::Memory)?;
+    let header: [u8; 16] = mem
+        .read_obj(first.addr())
+        .map_err(|_| RequestError::Memory)?;
     let mut kind = [0u8; 4];
     kind.copy_from_slice(&header[0..4]);
     let mut sector = [0u8; 8];
@@ -260,8 +252,10 @@ pub(crate) fn parse_request(
     let device_writes = matches!(kind, VIRTIO_BLK_T_IN | VIRTIO_BLK_T_GET_ID);
     let mut data_len: u64 = 0;
     for d in data {
-        if matches!(kind, VIRTIO_BLK_T_IN | VIRTIO_BLK_T_OUT | VIRTIO_BLK_T_GET_ID)
-            && d.is_write_only() != device_writes
+        if matches!(
+            kind,
+            VIRTIO_BLK_T_IN | VIRTIO_BLK_T_OUT | VIRTIO_BLK_T_GET_ID
+        ) && d.is_write_only() != device_writes
         {
             return Err(RequestError::DataDirection);
         }
@@ -280,47 +274,13 @@ pub(crate) fn parse_request(
 }
 
 impl VirtioDevice for Block {
-    fn device_type(&self) -> u32 {
-        TYPE_BLOCK
-    }
+    delegate_base!(base);
 
-    fn avail_features(&self) -> u64 {
-        let mut f = VIRTIO_F_VERSION_1 | VIRTIO_BLK_F_FLUSH;
-        if self.read_only {
-            f |= VIRTIO_BLK_F_RO;
+    fn process_queue(&mut self, index: usize) -> Result<(), DeviceError> {
+        if index != 0 {
+            return Err(DeviceError::NoSuchQueue(index));
         }
-        f
-    }
-
-    fn queue_max_sizes(&self) -> &[u16] {
-        &[QUEUE_SIZE]
-    }
-
-    fn read_config(&self, offset: u64, data: &mut [u8]) {
-        read_config_bytes(&self.config, offset, data)
-    }
-
-    fn activate(
-        &mut self,
-        mem: GuestMemoryMmap,
-        queues: Vec<Queue>,
-        irq: IrqTrigger,
-        _acked_features: u64,
-    ) -> Result<(), ActivateError> {
-        if queues.len() != 1 {
-            return Err(ActivateError::QueueCount {
-                expected: 1,
-                got: queues.len(),
-            });
-        }
-        self.mem = Some(mem);
-        self.queues = queues;
-        self.irq = Some(irq);
-        Ok(())
-    }
-
-    fn is_activated(&self) -> bool {
-        self.mem.is_some()
+        self.process_requests()
     }
 
     fn save_device_state(&self) -> crate::devices::virtio::persist::DeviceState {
@@ -335,22 +295,5 @@ impl VirtioDevice for Block {
             self.process_requests()?;
         }
         Ok(())
-    }
-
-    fn process_queue(&mut self, index: usize) -> Result<(), DeviceError> {
-        if index != 0 {
-            return Err(DeviceError::NoSuchQueue(index));
-        }
-        self.process_requests()
-    }
-
-    fn reset(&mut self) {
-        self.mem = None;
-        self.queues.clear();
-        self.irq = None;
-    }
-
-    fn error_count(&self) -> u64 {
-        self.errors
     }
 }

@@ -1,7 +1,6 @@
 //! virtio-blk backed by a raw image file, read-only or read-write, with flush.
 
 mod device;
-mod event_handler;
 pub mod persist;
 #[cfg(test)]
 mod tests;

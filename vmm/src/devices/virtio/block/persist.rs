@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use super::{Block, SECTOR_SIZE};
-use crate::devices::virtio::persist::{ActiveState, DeviceContext, DeviceState, VirtioPersistError};
-use crate::devices::virtio::VirtioDevice;
+use crate::devices::virtio::base::BaseState;
+use crate::devices::virtio::persist::{DeviceContext, DeviceState, VirtioPersistError};
 use crate::snapshot::Persist;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -18,9 +18,8 @@ pub struct BlockState {
     pub read_only: bool,
     /// Capacity in 512-byte sectors.
     pub capacity: u64,
-    pub errors: u64,
-    /// The live queues, if the driver had activated the device.
-    pub active: Option<ActiveState>,
+    #[serde(flatten)]
+    pub base: BaseState,
 }
 
 /// Rebuilding a block device: the image to open and the device context
@@ -40,8 +39,7 @@ impl Persist for Block {
             path: self.path.clone(),
             read_only: self.read_only,
             capacity: self.capacity,
-            errors: self.errors,
-            active: self.mem.is_some().then(|| ActiveState::of(&self.queues)),
+            base: self.base.save(),
         }
     }
 
@@ -56,12 +54,7 @@ impl Persist for Block {
                 state.capacity.saturating_mul(SECTOR_SIZE)
             )));
         }
-        b.errors = state.errors;
-        if let Some(active) = &state.active {
-            let queues = active.queues(b.queue_max_sizes(), &ctx.device.mem)?;
-            b.activate(ctx.device.mem, queues, ctx.device.irq, ctx.device.acked_features)
-                .map_err(|e| VirtioPersistError::Activate(e.to_string()))?;
-        }
+        b.base.restore(&state.base, ctx.device)?;
         Ok(b)
     }
 }

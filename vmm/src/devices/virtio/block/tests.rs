@@ -5,7 +5,7 @@ use vm_memory::{Bytes, GuestAddress};
 
 use super::device::*;
 use crate::devices::virtio::queue::testing::*;
-use crate::devices::virtio::{IrqTrigger, VirtioDevice};
+use crate::devices::virtio::{Active, IrqTrigger, VirtioDevice};
 
 struct Fixture {
     mem: GuestMemoryMmap,
@@ -29,7 +29,9 @@ fn fixture(read_only: bool, name: &str) -> Fixture {
     let mem = memory(1 << 20);
     let dq = DriverQueue::new(0x1000, 16);
     let mut blk = Block::open(&path, read_only).unwrap();
-    blk.activate(mem.clone(), vec![dq.queue(&mem)], IrqTrigger::new().unwrap(), 0).unwrap();
+    let queues = vec![dq.queue(&mem)];
+    let irq = IrqTrigger::new().unwrap();
+    blk.activate(Active { mem: mem.clone(), queues, irq, acked_features: 0 }).unwrap();
     Fixture { mem, dq, blk, path }
 }
 

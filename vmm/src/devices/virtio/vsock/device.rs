@@ -1,17 +1,15 @@
 use std::os::fd::RawFd;
 use std::path::Path;
 
-use virtio_queue::{Queue, QueueOwnedT};
+use virtio_queue::QueueOwnedT;
 use virtio_vsock::packet::VsockPacket;
-use crate::GuestMemoryMmap;
 use vm_memory::Bytes;
 
 use super::muxer::Muxer;
 use super::packet::{Header, HEADER_SIZE};
 use crate::devices::virtio::queue::{add_used, pop_chain};
 use crate::devices::virtio::{
-    read_config_bytes, ActivateError, DeviceError, IrqTrigger, VirtioDevice, TYPE_VSOCK,
-    VIRTIO_F_VERSION_1, VIRTIO_MMIO_INT_VRING,
+    delegate_base, DeviceError, VirtioBase, VirtioDevice, TYPE_VSOCK, VIRTIO_F_VERSION_1,
 };
 
 /// The host's CID, as the guest sees it.
@@ -38,10 +36,7 @@ pub enum VsockError {
 pub struct Vsock {
     pub(super) cid: u64,
     pub(crate) muxer: Muxer,
-    pub(super) mem: Option<GuestMemoryMmap>,
-    pub(super) queues: Vec<Queue>,
-    pub(super) irq: Option<IrqTrigger>,
-    pub(super) errors: u64,
+    pub(super) base: VirtioBase,
     pub(super) rx_buf: Vec<u8>,
 }
 
@@ -58,10 +53,13 @@ impl Vsock {
         Ok(Self {
             cid,
             muxer,
-            mem: None,
-            queues: Vec::new(),
-            irq: None,
-            errors: 0,
+            // Config space: the guest's CID.
+            base: VirtioBase::new(
+                TYPE_VSOCK,
+                VIRTIO_F_VERSION_1,
+                &[QUEUE_SIZE, QUEUE_SIZE, QUEUE_SIZE],
+                cid.to_le_bytes().to_vec(),
+            ),
             rx_buf: vec![0u8; MAX_PKT_DATA as usize],
         })
     }
@@ -74,20 +72,13 @@ impl Vsock {
         self.muxer.uds_path()
     }
 
-    fn signal(&self) -> Result<(), DeviceError> {
-        match &self.irq {
-            Some(irq) => irq.trigger(VIRTIO_MMIO_INT_VRING),
-            None => Ok(()),
-        }
-    }
-
     /// Take every packet the guest queued for the host.
     pub(crate) fn process_tx(&mut self) -> Result<bool, DeviceError> {
-        let mem = self.mem.clone().ok_or(DeviceError::NotActivated)?;
+        let mem = self.base.mem()?;
         let mut used = false;
         let mut data = Vec::new();
         loop {
-            let q = self.queues.get_mut(TXQ).ok_or(DeviceError::NoSuchQueue(TXQ))?;
+            let q = self.base.queue_mut(TXQ)?;
             let Some(mut chain) = pop_chain(q, &mem)? else {
                 break;
             };
@@ -115,10 +106,9 @@ impl Vsock {
             };
             match parsed {
                 Some(hdr) => self.muxer.handle_tx(&hdr, &data),
-                None => self.errors += 1,
+                None => self.base.errors += 1,
             }
-            let q = self.queues.get_mut(TXQ).ok_or(DeviceError::NoSuchQueue(TXQ))?;
-            add_used(q, &mem, head, 0)?;
+            add_used(self.base.queue_mut(TXQ)?, &mem, head, 0)?;
             used = true;
         }
         Ok(used)
@@ -126,10 +116,10 @@ impl Vsock {
 
     /// Fill the guest's RX buffers with what the host side has for it.
     pub(crate) fn process_rx(&mut self) -> Result<bool, DeviceError> {
-        let mem = self.mem.clone().ok_or(DeviceError::NotActivated)?;
+        let mem = self.base.mem()?;
         let mut used = false;
         while self.muxer.has_rx() {
-            let q = self.queues.get_mut(RXQ).ok_or(DeviceError::NoSuchQueue(RXQ))?;
+            let q = self.base.queue_mut(RXQ)?;
             let Some(mut chain) = pop_chain(q, &mem)? else {
                 break;
             };
@@ -138,8 +128,8 @@ impl Vsock {
                 Ok(p) => p,
                 Err(e) => {
                     tracing::debug!("vsock: malformed RX chain: {e}");
-                    self.errors += 1;
                     add_used(q, &mem, head, 0)?;
+                    self.base.errors += 1;
                     used = true;
                     continue;
                 }
@@ -161,11 +151,11 @@ impl Vsock {
                     _ => false,
                 };
             }
-            if !ok {
-                self.errors += 1;
-            }
             let len = if ok { (HEADER_SIZE + n) as u32 } else { 0 };
             add_used(q, &mem, head, len)?;
+            if !ok {
+                self.base.errors += 1;
+            }
             used = true;
         }
         Ok(used)
@@ -178,59 +168,14 @@ impl Vsock {
         }
         used |= self.process_rx()?;
         if used {
-            self.signal()?;
+            self.base.signal_used()?;
         }
         Ok(())
     }
 }
 
 impl VirtioDevice for Vsock {
-    fn device_type(&self) -> u32 {
-        TYPE_VSOCK
-    }
-
-    fn avail_features(&self) -> u64 {
-        VIRTIO_F_VERSION_1
-    }
-
-    fn queue_max_sizes(&self) -> &[u16] {
-        &[QUEUE_SIZE, QUEUE_SIZE, QUEUE_SIZE]
-    }
-
-    fn read_config(&self, offset: u64, data: &mut [u8]) {
-        read_config_bytes(&self.cid.to_le_bytes(), offset, data)
-    }
-
-    fn activate(
-        &mut self,
-        mem: GuestMemoryMmap,
-        queues: Vec<Queue>,
-        irq: IrqTrigger,
-        _acked_features: u64,
-    ) -> Result<(), ActivateError> {
-        if queues.len() != 3 {
-            return Err(ActivateError::QueueCount {
-                expected: 3,
-                got: queues.len(),
-            });
-        }
-        self.mem = Some(mem);
-        self.queues = queues;
-        self.irq = Some(irq);
-        Ok(())
-    }
-
-    fn is_activated(&self) -> bool {
-        self.mem.is_some()
-    }
-
-    fn save_device_state(&self) -> crate::devices::virtio::persist::DeviceState {
-        self.device_state()
-    }
-
-    fn on_restored(&mut self) -> Result<(), DeviceError> {
-        self.after_restore()
-    }
+    delegate_base!(base);
 
     fn process_queue(&mut self, index: usize) -> Result<(), DeviceError> {
         match index {
@@ -239,12 +184,6 @@ impl VirtioDevice for Vsock {
             EVQ => Ok(()),
             _ => Err(DeviceError::NoSuchQueue(index)),
         }
-    }
-
-    fn reset(&mut self) {
-        self.mem = None;
-        self.queues.clear();
-        self.irq = None;
     }
 
     fn backend_fd(&self) -> Option<RawFd> {
@@ -262,6 +201,14 @@ impl VirtioDevice for Vsock {
     }
 
     fn error_count(&self) -> u64 {
-        self.errors + self.muxer.errors
+        self.base.errors + self.muxer.errors
+    }
+
+    fn save_device_state(&self) -> crate::devices::virtio::persist::DeviceState {
+        self.device_state()
+    }
+
+    fn on_restored(&mut self) -> Result<(), DeviceError> {
+        self.after_restore()
     }
 }

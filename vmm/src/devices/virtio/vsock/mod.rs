@@ -11,7 +11,6 @@
 //! credit scheme (buf_alloc / fwd_cnt).
 
 mod device;
-mod event_handler;
 mod muxer;
 pub mod packet;
 pub mod persist;

@@ -12,9 +12,10 @@ use vm_memory::Bytes;
 
 use super::device::EVQ;
 use super::Vsock;
-use crate::devices::virtio::persist::{ActiveState, DeviceContext, DeviceState, VirtioPersistError};
+use crate::devices::virtio::base::BaseState;
+use crate::devices::virtio::persist::{DeviceContext, DeviceState, VirtioPersistError};
 use crate::devices::virtio::queue::{add_used, pop_chain};
-use crate::devices::virtio::{DeviceError, VirtioDevice, VIRTIO_MMIO_INT_VRING};
+use crate::devices::virtio::DeviceError;
 use crate::snapshot::Persist;
 
 /// `struct virtio_vsock_event`'s only event id.
@@ -24,8 +25,8 @@ pub const VIRTIO_VSOCK_EVENT_TRANSPORT_RESET: u32 = 0;
 pub struct VsockState {
     pub cid: u64,
     pub uds_path: PathBuf,
-    pub errors: u64,
-    pub active: Option<ActiveState>,
+    #[serde(flatten)]
+    pub base: BaseState,
 }
 
 /// Rebuilding vsock: where the host side listens now (the recorded path
@@ -44,20 +45,14 @@ impl Persist for Vsock {
         VsockState {
             cid: self.cid,
             uds_path: self.uds_path().to_path_buf(),
-            errors: self.errors,
-            active: self.mem.is_some().then(|| ActiveState::of(&self.queues)),
+            base: self.base.save(),
         }
     }
 
     fn restore(ctx: VsockContext, state: &VsockState) -> Result<Self, VirtioPersistError> {
         let mut v = Vsock::new(state.cid, &ctx.uds_path)
             .map_err(|e| VirtioPersistError::Backend(e.to_string()))?;
-        v.errors = state.errors;
-        if let Some(active) = &state.active {
-            let queues = active.queues(v.queue_max_sizes(), &ctx.device.mem)?;
-            v.activate(ctx.device.mem, queues, ctx.device.irq, ctx.device.acked_features)
-                .map_err(|e| VirtioPersistError::Activate(e.to_string()))?;
-        }
+        v.base.restore(&state.base, ctx.device)?;
         Ok(v)
     }
 }
@@ -73,10 +68,8 @@ impl Vsock {
     /// are answered with resets.
     pub(crate) fn after_restore(&mut self) -> Result<(), DeviceError> {
         self.send_transport_reset()?;
-        if self.mem.is_some() && self.process_tx()? {
-            if let Some(irq) = &self.irq {
-                irq.trigger(VIRTIO_MMIO_INT_VRING)?;
-            }
+        if self.base.is_activated() && self.process_tx()? {
+            self.base.signal_used()?;
         }
         Ok(())
     }
@@ -84,10 +77,10 @@ impl Vsock {
     /// Tell the guest driver that every connection is gone. Returns whether
     /// an event buffer was available (a driver keeps one posted).
     pub fn send_transport_reset(&mut self) -> Result<bool, DeviceError> {
-        let Some(mem) = self.mem.clone() else {
+        let Ok(mem) = self.base.mem() else {
             return Ok(false);
         };
-        let q = self.queues.get_mut(EVQ).ok_or(DeviceError::NoSuchQueue(EVQ))?;
+        let q = self.base.queue_mut(EVQ)?;
         let Some(mut chain) = pop_chain(q, &mem)? else {
             tracing::warn!("vsock: no event buffer for the transport reset");
             return Ok(false);
@@ -99,13 +92,11 @@ impl Vsock {
                 .is_ok(),
             _ => false,
         };
-        if !written {
-            self.errors += 1;
-        }
         add_used(q, &mem, head, if written { 4 } else { 0 })?;
-        if let Some(irq) = &self.irq {
-            irq.trigger(VIRTIO_MMIO_INT_VRING)?;
+        if !written {
+            self.base.errors += 1;
         }
+        self.base.signal_used()?;
         Ok(written)
     }
 }

@@ -10,7 +10,7 @@ use super::device::{MAX_PKT_DATA, RXQ, TXQ};
 use super::packet::*;
 use super::*;
 use crate::devices::virtio::queue::testing::*;
-use crate::devices::virtio::{IrqTrigger, VirtioDevice};
+use crate::devices::virtio::{Active, IrqTrigger, VirtioDevice};
 
 const CID: u64 = 3;
 const RX_BUFS: u64 = 0x10_0000;
@@ -42,12 +42,12 @@ fn guest(name: &str) -> Guest {
     let evq = DriverQueue::new(0x8000, 16);
     let mut vsock = Vsock::new(CID, &dir.join("v.sock")).unwrap();
     vsock
-        .activate(
-            mem.clone(),
-            vec![rxq.queue(&mem), txq.queue(&mem), evq.queue(&mem)],
-            IrqTrigger::new().unwrap(),
-            0,
-        )
+        .activate(Active {
+            mem: mem.clone(),
+            queues: vec![rxq.queue(&mem), txq.queue(&mem), evq.queue(&mem)],
+            irq: IrqTrigger::new().unwrap(),
+            acked_features: 0,
+        })
         .unwrap();
     let mut g = Guest { mem, rxq, txq, vsock, rx_seen: 0, tx_next: 0, dir };
     for i in 0..8 {

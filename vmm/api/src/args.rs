@@ -41,6 +41,14 @@ pub struct Cli {
     pub cmd: VmmCommand,
 }
 
+impl Cli {
+    /// Parse the process's arguments (printing help or the error and
+    /// exiting as clap does when they do not parse).
+    pub fn from_env() -> VmmCommand {
+        <Self as Parser>::parse().cmd
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Subcommand)]
 pub enum VmmCommand {
     /// Boot (or restore) a VM and run it until it exits.

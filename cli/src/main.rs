@@ -9,7 +9,11 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "burrow", version, about = "KVM microVM sandboxes for containerd")]
+#[command(
+    name = "burrow",
+    version,
+    about = "KVM microVM sandboxes for containerd"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -90,14 +94,24 @@ fn main() -> Result<()> {
             match verb {
                 SandboxVerb::Ls => print!("{}", sandbox::ls(&root)),
                 SandboxVerb::Hibernate { id } => {
-                    println!("{id}: {}", sandbox::command(&dir(&id)?, "hibernate", timeout)?);
+                    let reply =
+                        sandbox::request(&dir(&id)?, &sandbox::SandboxRequest::Hibernate, timeout)?;
+                    println!("{id}: {}", reply.state);
                 }
                 SandboxVerb::Wake { id } => {
-                    println!("{id}: {}", sandbox::command(&dir(&id)?, "wake", timeout)?);
+                    let reply =
+                        sandbox::request(&dir(&id)?, &sandbox::SandboxRequest::Wake, timeout)?;
+                    println!("{id}: {}", reply.state);
                 }
                 SandboxVerb::Checkpoint { id, name } => {
-                    let (state, at) = sandbox::checkpoint(&dir(&id)?, &name, timeout)?;
-                    println!("{id}: checkpoint {name} written to {at} ({state})");
+                    let req = sandbox::SandboxRequest::Checkpoint { name: name.clone() };
+                    let reply = sandbox::request(&dir(&id)?, &req, timeout)?;
+                    let at = reply.dir.as_deref().unwrap_or(std::path::Path::new("?"));
+                    println!(
+                        "{id}: checkpoint {name} written to {} ({})",
+                        at.display(),
+                        reply.state
+                    );
                 }
             }
             Ok(())

@@ -1,6 +1,7 @@
 //! `burrow sandbox ls|hibernate|wake|checkpoint`: talk to a running shim's control
-//! socket (`<state_dir>/<namespace>/<id>/control.sock`, JSON lines:
-//! `{"cmd":"hibernate"}` → `{"ok":true,"state":"asleep"}`).
+//! socket (`<state_dir>/<namespace>/<id>/control.sock`, one
+//! [`SandboxRequest`] line in, one [`SandboxReply`] line out; the messages
+//! are defined once in burrow-vmm-api, for the shim and this CLI).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
@@ -8,13 +9,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+pub use burrow_vmm_api::sandbox_control::SandboxRequest;
+use burrow_vmm_api::sandbox_control::{control_socket, SandboxReply, MAX_REPLY};
 
-/// The control socket's name in a sandbox's state directory.
-pub const CONTROL_SOCKET: &str = "control.sock";
 /// Default state directory (the shim's `state_dir`).
 pub const DEFAULT_STATE_DIR: &str = "/run/burrow";
-/// Longest reply read.
-const MAX_REPLY: u64 = 64 * 1024;
 
 /// `state_dir` from the burrow config (`BURROW_CONFIG` or
 /// /etc/burrow/config.toml), else the default.
@@ -46,55 +45,32 @@ pub fn sandbox_dir(root: &Path, namespace: &str, id: &str) -> Result<PathBuf> {
     Ok(root.join(namespace).join(id))
 }
 
-/// Send one command to the sandbox whose state directory is `dir`; returns
-/// the state it reports.
-pub fn command(dir: &Path, cmd: &str, timeout: Duration) -> Result<String> {
-    request(dir, &serde_json::json!({ "cmd": cmd }), timeout).map(|(state, _)| state)
-}
-
-/// Write named checkpoint `name` of the sandbox whose state directory is
-/// `dir`; returns the state it reports and the checkpoint's directory.
-pub fn checkpoint(dir: &Path, name: &str, timeout: Duration) -> Result<(String, String)> {
-    let body = serde_json::json!({ "cmd": "checkpoint", "name": name });
-    let (state, reply) = request(dir, &body, timeout)?;
-    let at = reply
-        .get("dir")
-        .and_then(|v| v.as_str())
-        .unwrap_or("?")
-        .to_string();
-    Ok((state, at))
-}
-
-/// Send `body` to the sandbox whose state directory is `dir`; returns the
-/// state it reports and the whole reply.
-fn request(
-    dir: &Path,
-    body: &serde_json::Value,
-    timeout: Duration,
-) -> Result<(String, serde_json::Value)> {
-    let cmd = body.get("cmd").and_then(|c| c.as_str()).unwrap_or("?");
-    let sock = dir.join(CONTROL_SOCKET);
+/// Send `req` to the sandbox whose state directory is `dir`; returns its
+/// reply, or an error saying why the request failed and in which state the
+/// sandbox is.
+pub fn request(dir: &Path, req: &SandboxRequest, timeout: Duration) -> Result<SandboxReply> {
+    let cmd = req.name();
+    let sock = control_socket(dir);
     let mut s = UnixStream::connect(&sock)
         .with_context(|| format!("connecting to {} (is the sandbox running?)", sock.display()))?;
     s.set_read_timeout(Some(timeout))?;
-    s.write_all(body.to_string().as_bytes())?;
-    s.write_all(b"\n")?;
+    s.write_all(&burrow_vmm_api::to_line(req))?;
     let mut line = String::new();
     BufReader::new(s.take(MAX_REPLY))
         .read_line(&mut line)
         .with_context(|| format!("reading the reply to {cmd:?}"))?;
-    let reply: serde_json::Value =
+    let reply: SandboxReply =
         serde_json::from_str(line.trim()).with_context(|| format!("bad reply {line:?}"))?;
-    let state = reply
-        .get("state")
-        .and_then(|v| v.as_str())
-        .unwrap_or("?")
-        .to_string();
-    if reply.get("ok").and_then(|v| v.as_bool()) != Some(true) {
-        let err = reply.get("error").and_then(|v| v.as_str()).unwrap_or("?");
-        bail!("{cmd} failed: {err} (sandbox is {state})");
+    if !reply.ok {
+        let err = reply.error.as_deref().unwrap_or("?");
+        bail!("{cmd} failed: {err} (sandbox is {})", reply.state);
     }
-    Ok((state, reply))
+    Ok(reply)
+}
+
+/// The state the sandbox whose state directory is `dir` reports.
+pub fn status(dir: &Path, timeout: Duration) -> Result<String> {
+    request(dir, &SandboxRequest::Status, timeout).map(|r| r.state)
 }
 
 /// Every sandbox with a control socket under `root`: (namespace, id, dir).
@@ -102,7 +78,7 @@ pub fn list(root: &Path) -> Vec<(String, String, PathBuf)> {
     let mut out = Vec::new();
     for ns in std::fs::read_dir(root).into_iter().flatten().flatten() {
         for sb in std::fs::read_dir(ns.path()).into_iter().flatten().flatten() {
-            if sb.path().join(CONTROL_SOCKET).exists() {
+            if control_socket(&sb.path()).exists() {
                 out.push((
                     ns.file_name().to_string_lossy().into_owned(),
                     sb.file_name().to_string_lossy().into_owned(),
@@ -119,8 +95,8 @@ pub fn list(root: &Path) -> Vec<(String, String, PathBuf)> {
 pub fn ls(root: &Path) -> String {
     let mut text = format!("{:<16} {:<40} STATE\n", "NAMESPACE", "ID");
     for (ns, id, dir) in list(root) {
-        let state = command(&dir, "status", Duration::from_secs(5))
-            .unwrap_or_else(|e| format!("unreachable ({e:#})"));
+        let state =
+            status(&dir, Duration::from_secs(5)).unwrap_or_else(|e| format!("unreachable ({e:#})"));
         text.push_str(&format!("{ns:<16} {id:<40} {state}\n"));
     }
     text
@@ -136,7 +112,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let sb = d.path().join("default").join("s1");
         std::fs::create_dir_all(&sb).unwrap();
-        let l = std::os::unix::net::UnixListener::bind(sb.join(CONTROL_SOCKET)).unwrap();
+        let l = std::os::unix::net::UnixListener::bind(control_socket(&sb)).unwrap();
         let t = std::thread::spawn(move || {
             for reply in [
                 "{\"ok\":true,\"state\":\"asleep\"}\n",
@@ -154,21 +130,22 @@ mod tests {
                 s.write_all(reply.as_bytes()).unwrap();
             }
         });
+        let t5 = Duration::from_secs(5);
         assert_eq!(
-            command(&sb, "hibernate", Duration::from_secs(5)).unwrap(),
+            request(&sb, &SandboxRequest::Hibernate, t5).unwrap().state,
             "asleep"
         );
-        let e = command(&sb, "wake", Duration::from_secs(5)).unwrap_err();
+        let e = request(&sb, &SandboxRequest::Wake, t5).unwrap_err();
         assert!(format!("{e:#}").contains("paused"), "{e:#}");
         let text = ls(d.path());
         assert!(
             text.contains("default") && text.contains("s1") && text.contains("running"),
             "{text}"
         );
-        assert_eq!(
-            checkpoint(&sb, "cp1", Duration::from_secs(5)).unwrap(),
-            ("running".to_string(), "/s/.checkpoints/cp1".to_string())
-        );
+        let cp = SandboxRequest::Checkpoint { name: "cp1".into() };
+        let reply = request(&sb, &cp, t5).unwrap();
+        assert_eq!(reply.state, "running");
+        assert_eq!(reply.dir, Some(PathBuf::from("/s/.checkpoints/cp1")));
         t.join().unwrap();
     }
 }

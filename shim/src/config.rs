@@ -5,7 +5,7 @@
 //! vmm = "/usr/local/bin/burrow-vmm"   # default: beside the shim, then $PATH
 //! kernel = "/var/lib/burrow/vmlinux"
 //! initrd = "/var/lib/burrow/initrd.img"
-//! kernel_cmdline = "console=ttyS0 reboot=k panic=1"
+//! kernel_cmdline = "console=ttyS0 reboot=k panic=1 ..."  # default: burrow_vmm_api::BASE_CMDLINE
 //! state_dir = "/run/burrow"
 //! boot_timeout_secs = 120     # VM start until the agent answers
 //! agent_timeout_secs = 30     # one agent call (not Wait)
@@ -100,7 +100,7 @@ impl Default for Config {
             vmm: None,
             kernel: PathBuf::from("/var/lib/burrow/vmlinux"),
             initrd: Some(PathBuf::from("/var/lib/burrow/initrd.img")),
-            kernel_cmdline: "console=ttyS0 reboot=k panic=1".into(),
+            kernel_cmdline: burrow_vmm_api::BASE_CMDLINE.into(),
             state_dir: PathBuf::from("/run/burrow"),
             boot_timeout_secs: 120,
             agent_timeout_secs: 30,

@@ -9,6 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
+use containerd_shim::protos::ttrpc::Code;
 
 /// A rootfs mount as containerd hands it over (`containerd.types.Mount`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,11 +117,69 @@ pub enum SandboxError {
     Unimplemented(String),
     #[error("timed out: {0}")]
     Timeout(String),
+    /// Out of disk space (or another resource), e.g. writing a checkpoint.
+    #[error("resource exhausted: {0}")]
+    ResourceExhausted(String),
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
+    #[error("out of range: {0}")]
+    OutOfRange(String),
     /// The VM (or the agent in it) is gone.
     #[error("sandbox unavailable: {0}")]
     Unavailable(String),
     #[error("{0}")]
     Internal(String),
+}
+
+impl SandboxError {
+    /// The gRPC code containerd gets for this error.
+    pub fn code(&self) -> Code {
+        match self {
+            Self::NotFound(_) => Code::NOT_FOUND,
+            Self::InvalidArgument(_) => Code::INVALID_ARGUMENT,
+            Self::AlreadyExists(_) => Code::ALREADY_EXISTS,
+            Self::FailedPrecondition(_) => Code::FAILED_PRECONDITION,
+            Self::Unimplemented(_) => Code::UNIMPLEMENTED,
+            Self::Timeout(_) => Code::DEADLINE_EXCEEDED,
+            Self::ResourceExhausted(_) => Code::RESOURCE_EXHAUSTED,
+            Self::PermissionDenied(_) => Code::PERMISSION_DENIED,
+            Self::OutOfRange(_) => Code::OUT_OF_RANGE,
+            Self::Unavailable(_) => Code::UNAVAILABLE,
+            Self::Internal(_) => Code::INTERNAL,
+        }
+    }
+
+    /// The error for a gRPC `code` (as the agent answers), so the code
+    /// reaches containerd unchanged; codes without a variant become
+    /// [`Internal`](Self::Internal).
+    pub fn from_code(code: Code, msg: String) -> Self {
+        match code {
+            Code::NOT_FOUND => Self::NotFound(msg),
+            Code::INVALID_ARGUMENT => Self::InvalidArgument(msg),
+            Code::ALREADY_EXISTS => Self::AlreadyExists(msg),
+            Code::FAILED_PRECONDITION => Self::FailedPrecondition(msg),
+            Code::UNIMPLEMENTED => Self::Unimplemented(msg),
+            Code::DEADLINE_EXCEEDED => Self::Timeout(msg),
+            Code::RESOURCE_EXHAUSTED => Self::ResourceExhausted(msg),
+            Code::PERMISSION_DENIED => Self::PermissionDenied(msg),
+            Code::OUT_OF_RANGE => Self::OutOfRange(msg),
+            Code::UNAVAILABLE => Self::Unavailable(msg),
+            _ => Self::Internal(msg),
+        }
+    }
+
+    /// A host I/O error `e` while doing `what`: a full disk is
+    /// [`ResourceExhausted`](Self::ResourceExhausted), a refused path
+    /// [`PermissionDenied`](Self::PermissionDenied), anything else
+    /// [`Internal`](Self::Internal).
+    pub fn io(what: impl std::fmt::Display, e: &std::io::Error) -> Self {
+        let msg = format!("{what}: {e}");
+        match e.raw_os_error() {
+            Some(libc::ENOSPC | libc::EDQUOT) => Self::ResourceExhausted(msg),
+            Some(libc::EACCES | libc::EPERM | libc::EROFS) => Self::PermissionDenied(msg),
+            _ => Self::Internal(msg),
+        }
+    }
 }
 
 pub type Result<T> = std::result::Result<T, SandboxError>;
@@ -197,5 +256,65 @@ pub trait Sandbox: Send + Sync + 'static {
         Err(SandboxError::Unimplemented(
             "this sandbox has no named checkpoints".into(),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_keeps_its_code_both_ways() {
+        let all = [
+            SandboxError::NotFound(String::new()),
+            SandboxError::InvalidArgument(String::new()),
+            SandboxError::AlreadyExists(String::new()),
+            SandboxError::FailedPrecondition(String::new()),
+            SandboxError::Unimplemented(String::new()),
+            SandboxError::Timeout(String::new()),
+            SandboxError::ResourceExhausted(String::new()),
+            SandboxError::PermissionDenied(String::new()),
+            SandboxError::OutOfRange(String::new()),
+            SandboxError::Unavailable(String::new()),
+            SandboxError::Internal(String::new()),
+        ];
+        for e in all {
+            let code = e.code();
+            assert_eq!(
+                SandboxError::from_code(code, "m".into()).code(),
+                code,
+                "{e:?}"
+            );
+        }
+        // What the agent answers reaches containerd with the same code.
+        for code in [
+            Code::PERMISSION_DENIED,
+            Code::OUT_OF_RANGE,
+            Code::RESOURCE_EXHAUSTED,
+        ] {
+            assert_eq!(
+                SandboxError::from_code(code, "agent kill: m".into()).code(),
+                code
+            );
+        }
+        assert_eq!(
+            SandboxError::from_code(Code::DATA_LOSS, "m".into()).code(),
+            Code::INTERNAL
+        );
+    }
+
+    #[test]
+    fn host_io_errors() {
+        let full = std::io::Error::from_raw_os_error(libc::ENOSPC);
+        let e = SandboxError::io("writing /c/rootfs.img", &full);
+        assert_eq!(e.code(), Code::RESOURCE_EXHAUSTED);
+        assert!(e.to_string().contains("writing /c/rootfs.img"), "{e}");
+        let denied = std::io::Error::from_raw_os_error(libc::EACCES);
+        assert_eq!(
+            SandboxError::io("x", &denied).code(),
+            Code::PERMISSION_DENIED
+        );
+        let other = std::io::Error::from_raw_os_error(libc::EIO);
+        assert_eq!(SandboxError::io("x", &other).code(), Code::INTERNAL);
     }
 }

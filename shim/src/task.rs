@@ -161,17 +161,7 @@ fn not_found(what: impl std::fmt::Display) -> ttrpc::Error {
 
 impl From<SandboxError> for ttrpc::Error {
     fn from(e: SandboxError) -> Self {
-        let code = match &e {
-            SandboxError::NotFound(_) => Code::NOT_FOUND,
-            SandboxError::InvalidArgument(_) => Code::INVALID_ARGUMENT,
-            SandboxError::AlreadyExists(_) => Code::ALREADY_EXISTS,
-            SandboxError::FailedPrecondition(_) => Code::FAILED_PRECONDITION,
-            SandboxError::Unimplemented(_) => Code::UNIMPLEMENTED,
-            SandboxError::Timeout(_) => Code::DEADLINE_EXCEEDED,
-            SandboxError::Unavailable(_) => Code::UNAVAILABLE,
-            SandboxError::Internal(_) => Code::INTERNAL,
-        };
-        status(code, e.to_string())
+        status(e.code(), e.to_string())
     }
 }
 

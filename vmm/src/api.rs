@@ -1,94 +1,51 @@
-//! Control API: JSON lines on a unix socket. One request per line, one
-//! response line each; every connected client also receives event lines.
-//!
-//! Requests: `{"cmd":"start"}`, `{"cmd":"pause"}`, `{"cmd":"resume"}`,
-//! `{"cmd":"stop"}`, `{"cmd":"status"}`,
-//! `{"cmd":"snapshot","dir":"/path","incremental":false}` (answered with a
-//! `"snapshot"` object: sizes and time taken; the VM stays paused).
-//! Responses: `{"ok":true,"state":"running"}` or `{"ok":false,"error":"..."}`.
-//! Events: `{"event":"started"}`, `{"event":"paused"}`, `{"event":"resumed"}`,
-//! `{"event":"exit","reason":"poweroff","success":true}`,
-//! `{"event":"error","message":"..."}`.
+//! Control API server side: the connected clients of the unix socket
+//! given with `--api`. The messages (requests, responses, events; JSON
+//! lines) are defined in `burrow-vmm-api` ([`burrow_vmm_api::messages`]),
+//! which the shim links too.
 
 use std::io::{ErrorKind, Read, Write};
 use std::os::unix::net::UnixStream;
 
-use std::path::PathBuf;
+use serde::Serialize;
 
-use serde::{Deserialize, Serialize};
+pub use burrow_vmm_api::{
+    ApiError, Command, ErrorKind as ApiErrorKind, Event, Request, Response, SnapshotInfo, VmState,
+    MAX_LINE,
+};
 
-use crate::vmm::SnapshotInfo;
-
-/// Longest request line accepted.
-pub const MAX_LINE: usize = 4096;
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "cmd", rename_all = "lowercase")]
-pub enum Command {
-    Start,
-    Pause,
-    Resume,
-    Stop,
-    Status,
-    /// Pause (if running) and write a snapshot to `dir`; the VM stays paused.
-    Snapshot {
-        dir: PathBuf,
-        #[serde(default)]
-        incremental: bool,
-    },
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Request {
-    #[serde(flatten)]
-    pub cmd: Command,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum VmState {
-    Created,
-    Running,
-    Paused,
-    Exited,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Response {
-    pub ok: bool,
-    #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub state: Option<VmState>,
-    #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub error: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub snapshot: Option<SnapshotInfo>,
-}
-
-impl Response {
-    pub fn ok(state: VmState) -> Self {
-        Self { ok: true, state: Some(state), error: None, snapshot: None }
+/// The kind of one error of a failed build or restore, if it is one whose
+/// kind is known (the caller walks the chain of causes).
+pub fn failure_kind(e: &(dyn std::error::Error + 'static)) -> Option<ApiErrorKind> {
+    use crate::snapshot::format::SnapshotError as S;
+    use crate::snapshot::microvm::RestoreError as R;
+    use crate::vmm::VmmError as V;
+    use burrow_vmm_api::error::io_kind;
+    if let Some(e) = e.downcast_ref::<S>() {
+        return Some(match e {
+            S::Io { source, .. } => io_kind(source),
+            S::UnsupportedVersion { .. } => ApiErrorKind::Unsupported,
+            S::Encode(_) => ApiErrorKind::Internal,
+            _ => ApiErrorKind::Corrupt,
+        });
     }
-    pub fn err(msg: impl Into<String>) -> Self {
-        Self { ok: false, state: None, error: Some(msg.into()), snapshot: None }
+    if let Some(e) = e.downcast_ref::<R>() {
+        return match e {
+            R::State(s) => failure_kind(s),
+            R::Invalid(_) => Some(ApiErrorKind::Corrupt),
+            R::Io { source, .. } => Some(io_kind(source)),
+            R::Map(_) => Some(ApiErrorKind::Internal),
+        };
     }
-    pub fn snapshot(state: VmState, info: SnapshotInfo) -> Self {
-        Self { ok: true, state: Some(state), error: None, snapshot: Some(info) }
+    if let Some(e) = e.downcast_ref::<V>() {
+        return match e {
+            V::Io(_, source) => Some(io_kind(source)),
+            V::Config(_) | V::Restore(_) => Some(ApiErrorKind::InvalidRequest),
+            V::Kvm(_) | V::Ioctl(..) | V::Memory(_) => Some(ApiErrorKind::Internal),
+            // Boot, device and register errors: look at their causes.
+            _ => None,
+        };
     }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "event", rename_all = "lowercase")]
-pub enum Event {
-    Started,
-    Paused,
-    Resumed,
-    Exit { reason: String, success: bool },
-    Error { message: String },
-}
-
-/// Parse one request line.
-pub fn parse_request(line: &[u8]) -> Result<Request, String> {
-    serde_json::from_slice(line).map_err(|e| format!("bad request: {e}"))
+    e.downcast_ref::<std::io::Error>().map(io_kind)
 }
 
 /// One connected API client.
@@ -100,7 +57,10 @@ pub struct Client {
 impl Client {
     pub fn new(stream: UnixStream) -> std::io::Result<Self> {
         stream.set_nonblocking(true)?;
-        Ok(Self { stream, buf: Vec::new() })
+        Ok(Self {
+            stream,
+            buf: Vec::new(),
+        })
     }
 
     /// Read what is available; returns complete lines, or None when the
@@ -132,10 +92,7 @@ impl Client {
 
     /// Send one JSON line (small; a client that cannot take it is dropped).
     pub fn send<T: Serialize>(&mut self, msg: &T) -> bool {
-        let Ok(mut line) = serde_json::to_vec(msg) else {
-            return false;
-        };
-        line.push(b'\n');
+        let line = burrow_vmm_api::to_line(msg);
         self.stream.set_nonblocking(false).is_ok()
             && self
                 .stream
@@ -151,25 +108,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn wire_format() {
-        assert_eq!(parse_request(br#"{"cmd":"pause"}"#).unwrap().cmd, Command::Pause);
-        assert!(parse_request(br#"{"cmd":"explode"}"#).is_err());
-        assert_eq!(
-            parse_request(br#"{"cmd":"snapshot","dir":"/s"}"#).unwrap().cmd,
-            Command::Snapshot { dir: "/s".into(), incremental: false }
-        );
-        assert_eq!(
-            parse_request(br#"{"cmd":"snapshot","dir":"/s","incremental":true}"#).unwrap().cmd,
-            Command::Snapshot { dir: "/s".into(), incremental: true }
-        );
-        assert!(parse_request(br#"{"cmd":"snapshot"}"#).is_err(), "dir is required");
-        assert!(parse_request(b"\xff").is_err());
-        assert_eq!(serde_json::to_string(&Response::ok(VmState::Running)).unwrap(), r#"{"ok":true,"state":"running"}"#);
-        assert_eq!(serde_json::to_string(&Response::err("x")).unwrap(), r#"{"ok":false,"error":"x"}"#);
-        assert_eq!(
-            serde_json::to_string(&Event::Exit { reason: "poweroff".into(), success: true }).unwrap(),
-            r#"{"event":"exit","reason":"poweroff","success":true}"#
-        );
+    fn failure_kinds() {
+        use crate::snapshot::format::SnapshotError;
+        let full = std::io::Error::from_raw_os_error(libc::ENOSPC);
+        let e = SnapshotError::Io {
+            path: "/s/state".into(),
+            source: full,
+        };
+        assert_eq!(failure_kind(&e), Some(ApiErrorKind::NoSpace));
+        let e = SnapshotError::Checksum {
+            stored: 1,
+            computed: 2,
+        };
+        assert_eq!(failure_kind(&e), Some(ApiErrorKind::Corrupt));
+        let e = crate::snapshot::microvm::RestoreError::State(e);
+        assert_eq!(failure_kind(&e), Some(ApiErrorKind::Corrupt));
+        let e = crate::vmm::VmmError::Restore("disk /d is 1 bytes".into());
+        assert_eq!(failure_kind(&e), Some(ApiErrorKind::InvalidRequest));
+        let missing = std::io::Error::from_raw_os_error(libc::ENOENT);
+        assert_eq!(failure_kind(&missing), Some(ApiErrorKind::NotFound));
+        assert_eq!(failure_kind(&std::fmt::Error), None);
     }
 
     #[test]

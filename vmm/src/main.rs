@@ -1,84 +1,25 @@
-//! `burrow-vmm`: one process per microVM.
-//!
-//! `burrow-vmm run --kernel PATH [--initrd PATH] [--cmdline STR] [--disk PATH[:ro]]...
-//! [--vsock PATH] [--vcpus N] [--mem MiB] [--serial-log PATH] [--api PATH] [--paused]`
-//!
-//! `burrow-vmm run --restore DIR [--disk PATH]... [--vsock PATH] [--serial-log PATH]
-//! [--api PATH] [--paused]` rebuilds a VM from a snapshot directory.
+//! `burrow-vmm`: one process per microVM. Its command line is
+//! [`burrow_vmm_api::VmmArgs`] (`burrow-vmm run --kernel PATH ...` boots,
+//! `burrow-vmm run --restore DIR ...` rebuilds a VM from a snapshot
+//! directory), parsed here from the same type the shim builds it with.
 //!
 //! Exit status: 0 when the guest reboots or powers off (or the controller
 //! stops it), 1 when the guest crashed (panic, triple fault) or the VMM
-//! failed while running, 2 when the VM could not be built.
+//! failed while running, 2 when the VM could not be built; then the last
+//! stderr line is the typed error ([`ApiError::failure_line`]).
 
 use std::os::unix::net::UnixListener;
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use burrow_vmm::config::{DiskConfig, SerialOutput, VsockConfig, DEFAULT_CMDLINE};
+use burrow_vmm::api::failure_kind;
+use burrow_vmm::config::{SerialOutput, VsockConfig};
 use burrow_vmm::snapshot::microvm;
 use burrow_vmm::vmm::{check_restore, RestoreConfig};
 use burrow_vmm::{VmConfig, Vmm};
-use clap::{Parser, Subcommand};
+use burrow_vmm_api::{ApiError, Cli, ErrorKind, VmmArgs, VmmCommand};
 
-#[derive(Parser)]
-#[command(name = "burrow-vmm", about = "burrow's VMM: one KVM microVM per process")]
-struct Cli {
-    #[command(subcommand)]
-    cmd: Cmd,
-}
-
-#[derive(Subcommand)]
-enum Cmd {
-    /// Boot a VM and run it until it exits.
-    Run(Box<RunArgs>),
-    /// Run a tiny real-mode guest to check that /dev/kvm runs guest code.
-    Probe,
-}
-
-#[derive(clap::Args)]
-struct RunArgs {
-    /// Uncompressed ELF kernel (vmlinux); PVH entry used when present.
-    #[arg(long, required_unless_present = "restore")]
-    kernel: Option<PathBuf>,
-    /// Restore the VM from this snapshot directory (`state` + `memory`)
-    /// instead of booting. `--disk` then replaces the recorded disk paths
-    /// (in order; sizes must match), `--vsock` the recorded socket path.
-    #[arg(long, conflicts_with_all = ["kernel", "initrd", "cmdline", "append", "vcpus", "mem", "cid"])]
-    restore: Option<PathBuf>,
-    /// initramfs (newc cpio, optionally compressed as the kernel supports).
-    #[arg(long)]
-    initrd: Option<PathBuf>,
-    /// Kernel command line (virtio-mmio device entries are appended).
-    #[arg(long, default_value = DEFAULT_CMDLINE)]
-    cmdline: String,
-    /// Extra arguments appended to the command line; repeatable.
-    #[arg(long)]
-    append: Vec<String>,
-    /// Raw disk image, `PATH` (read-write) or `PATH:ro`; repeatable.
-    #[arg(long = "disk")]
-    disks: Vec<DiskConfig>,
-    /// Host side of vsock: unix socket path (guest connections go to PATH_<port>).
-    #[arg(long)]
-    vsock: Option<PathBuf>,
-    /// Guest vsock CID.
-    #[arg(long, default_value_t = 3)]
-    cid: u64,
-    #[arg(long, default_value_t = 1)]
-    vcpus: u8,
-    /// Guest memory in MiB.
-    #[arg(long, default_value_t = 256)]
-    mem: u64,
-    /// Write the serial console to this file instead of stdout.
-    #[arg(long)]
-    serial_log: Option<PathBuf>,
-    /// Control API socket (JSON lines).
-    #[arg(long)]
-    api: Option<PathBuf>,
-    /// Wait for a `start` command on the API socket before running vCPUs.
-    #[arg(long, requires = "api")]
-    paused: bool,
-}
+type RunArgs = VmmArgs;
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -88,9 +29,8 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
-    match cli.cmd {
-        Cmd::Probe => match burrow_vmm::probe::run_tiny_guest() {
+    match Cli::from_env() {
+        VmmCommand::Probe => match burrow_vmm::probe::run_tiny_guest() {
             Ok(o) => {
                 println!("tiny guest wrote {:#x} in {} exits", o.byte, o.exits);
                 ExitCode::SUCCESS
@@ -100,7 +40,7 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
-        Cmd::Run(args) => run(*args),
+        VmmCommand::Run(args) => run(*args),
     }
 }
 
@@ -108,9 +48,13 @@ fn bind_api(args: &RunArgs) -> anyhow::Result<Option<UnixListener>> {
     Ok(match &args.api {
         Some(p) => {
             if p.exists() {
-                std::fs::remove_file(p).with_context(|| format!("removing stale {}", p.display()))?;
+                std::fs::remove_file(p)
+                    .with_context(|| format!("removing stale {}", p.display()))?;
             }
-            Some(UnixListener::bind(p).with_context(|| format!("binding API socket {}", p.display()))?)
+            Some(
+                UnixListener::bind(p)
+                    .with_context(|| format!("binding API socket {}", p.display()))?,
+            )
         }
         None => None,
     })
@@ -130,7 +74,8 @@ fn serial_config(args: &RunArgs) -> (SerialOutput, bool) {
 /// the memory files of its chain) before anything is created, so a bad
 /// snapshot fails with status 2 and touches nothing.
 fn restore(args: &RunArgs, dir: &std::path::Path) -> anyhow::Result<(Vmm, Option<UnixListener>)> {
-    let (state, chain) = microvm::load(dir).with_context(|| format!("snapshot {}", dir.display()))?;
+    let (state, chain) =
+        microvm::load(dir).with_context(|| format!("snapshot {}", dir.display()))?;
     let (serial, serial_stdin) = serial_config(args);
     let opts = RestoreConfig {
         dir: dir.to_path_buf(),
@@ -170,7 +115,7 @@ fn build(args: &RunArgs) -> anyhow::Result<(Vmm, Option<UnixListener>)> {
         guest_cid: args.cid,
     });
     config.vcpus = args.vcpus;
-    config.mem_mib = args.mem;
+    config.mem_mib = args.mem_mib;
     (config.serial, config.serial_stdin) = serial_config(args);
     let api = bind_api(args)?;
     let vmm = Vmm::build(&config).context("building the VM")?;
@@ -182,6 +127,11 @@ fn run(args: RunArgs) -> ExitCode {
         Ok(v) => v,
         Err(e) => {
             eprintln!("burrow-vmm: {}", error_chain(&e));
+            let kind = e
+                .chain()
+                .find_map(failure_kind)
+                .unwrap_or(ErrorKind::Internal);
+            eprintln!("{}", ApiError::new(kind, error_chain(&e)).failure_line());
             return ExitCode::from(2);
         }
     };

@@ -9,7 +9,7 @@ mod restoring;
 mod snapshotting;
 
 pub use restoring::{check_restore, RestoreConfig};
-pub use snapshotting::SnapshotInfo;
+pub use crate::api::SnapshotInfo;
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -32,7 +32,7 @@ use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::api::{self, Client, Command, Event, Response, VmState};
+use crate::api::{ApiError, ApiErrorKind, Client, Command, Event, Request, Response, VmState};
 use crate::bus::Bus;
 use crate::config::{SerialOutput, VmConfig};
 use crate::devices::i8042::I8042;
@@ -363,11 +363,11 @@ impl Vmm {
                         Response::ok(self.state)
                     } else {
                         self.control.resume();
-                        Response::err("vCPUs did not pause in time")
+                        Response::err(ApiError::new(ApiErrorKind::Timeout, "vCPUs did not pause in time"))
                     }
                 }
                 VmState::Paused => Response::ok(self.state),
-                s => Response::err(format!("cannot pause: VM is {s:?}")),
+                s => Response::err(ApiError::new(ApiErrorKind::InvalidState, format!("cannot pause: VM is {s:?}"))),
             },
             Command::Resume => match self.state {
                 VmState::Paused => {
@@ -377,14 +377,14 @@ impl Vmm {
                     Response::ok(self.state)
                 }
                 VmState::Running => Response::ok(self.state),
-                s => Response::err(format!("cannot resume: VM is {s:?}")),
+                s => Response::err(ApiError::new(ApiErrorKind::InvalidState, format!("cannot resume: VM is {s:?}"))),
             },
             Command::Stop => return Err(ExitReason::Stopped),
             Command::Snapshot { dir, incremental } => match self.snapshot(&dir, incremental, events) {
                 Ok(info) => Response::snapshot(self.state, info),
                 Err(e) => {
                     tracing::warn!("snapshot to {} failed: {e}", dir.display());
-                    Response::err(format!("snapshot failed: {e}"))
+                    Response::err(e.context("snapshot failed"))
                 }
             },
         })
@@ -517,7 +517,7 @@ impl Vmm {
                             continue;
                         };
                         for line in lines {
-                            let resp = match api::parse_request(&line) {
+                            let resp = match Request::parse(&line) {
                                 Ok(req) => match self.command(req.cmd, &mut out_events) {
                                     Ok(r) => r,
                                     Err(r) => {

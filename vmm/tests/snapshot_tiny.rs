@@ -12,6 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use burrow_vmm::probe::tiny_elf;
+use burrow_vmm_api::{ApiError, ErrorKind};
 
 const ENTRY: u64 = 0x10_0000;
 
@@ -222,7 +223,8 @@ fn incremental_snapshot_holds_the_touched_pages() {
     let mut vm = spawn(&["--kernel", k.to_str().unwrap(), "--mem", "32", "--paused"], &d.join("api0"), &d.join("log0"));
     let r = vm.request(&format!("{{\"cmd\":\"snapshot\",\"dir\":\"{}\",\"incremental\":true}}", inc.display()));
     assert_eq!(r["ok"], false, "an incremental snapshot needs a base: {r}");
-    assert!(r["error"].as_str().unwrap().contains("needs a full snapshot"), "{r}");
+    assert!(r["error"]["message"].as_str().unwrap().contains("needs a full snapshot"), "{r}");
+    assert_eq!(r["error"]["kind"], "invalid_state", "{r}");
     let info = vm.snapshot(&full, false);
     assert_eq!(info["incremental"], false);
     let r = vm.request("{\"cmd\":\"start\"}");
@@ -257,10 +259,11 @@ fn incremental_snapshot_holds_the_touched_pages() {
 
 /// Restore must refuse a bad snapshot with status 2 before creating
 /// anything (no API socket, no serial log).
-fn assert_refused(snap: &Path, d: &Path, extra: &[&str], expect: &str) {
+fn assert_refused(snap: &Path, d: &Path, extra: &[&str], expect: &str) -> ErrorKind {
     let log = d.join("refused.log");
-    refused(snap, d, extra, expect);
+    let kind = refused(snap, d, extra, expect);
     assert!(!log.exists(), "{expect}: nothing created");
+    kind
 }
 
 /// A snapshot refused while the VM is being rebuilt (a device state that
@@ -270,7 +273,8 @@ fn assert_refused_late(snap: &Path, d: &Path, expect: &str) {
     let _ = std::fs::remove_file(d.join("refused.log"));
 }
 
-fn refused(snap: &Path, d: &Path, extra: &[&str], expect: &str) {
+/// Runs a refused restore; returns the kind of its typed failure line.
+fn refused(snap: &Path, d: &Path, extra: &[&str], expect: &str) -> ErrorKind {
     let api = d.join("refused.sock");
     let log = d.join("refused.log");
     let out = Command::new(env!("CARGO_BIN_EXE_burrow-vmm"))
@@ -283,6 +287,10 @@ fn refused(snap: &Path, d: &Path, extra: &[&str], expect: &str) {
     assert_eq!(out.status.code(), Some(2), "{expect}: {stderr}");
     assert!(stderr.contains(expect), "expected {expect:?} in {stderr}");
     assert!(!api.exists(), "{expect}: API socket not left behind");
+    let last = stderr.lines().last().unwrap_or_default();
+    let typed = ApiError::from_failure_line(last).unwrap_or_else(|| panic!("no typed failure line in {stderr}"));
+    assert!(typed.message.contains(expect), "expected {expect:?} in {typed:?}");
+    typed.kind
 }
 
 #[test]
@@ -302,7 +310,8 @@ fn bad_snapshots_are_refused_with_status_2() {
     // Disks: the snapshot recorded one of 8 KiB.
     let small = d.join("small.img");
     std::fs::write(&small, vec![0u8; 4096]).unwrap();
-    assert_refused(&snap, &d, &["--disk", small.to_str().unwrap()], "is 4096 bytes, the snapshot's disk was 8192 bytes");
+    let kind = assert_refused(&snap, &d, &["--disk", small.to_str().unwrap()], "is 4096 bytes, the snapshot's disk was 8192 bytes");
+    assert_eq!(kind, ErrorKind::InvalidRequest);
     assert_refused(&snap, &d, &["--disk", small.to_str().unwrap(), "--disk", small.to_str().unwrap()], "2 disk paths given, the snapshot has 1 disks");
     let good = std::fs::read(snap.join("state")).unwrap();
     let mem = std::fs::read(snap.join("memory")).unwrap();
@@ -317,7 +326,7 @@ fn bad_snapshots_are_refused_with_status_2() {
     let n = corrupt.len();
     corrupt[n / 2] ^= 0x01;
     with_state(&corrupt, &mem);
-    assert_refused(&bad, &d, &[], "checksum");
+    assert_eq!(assert_refused(&bad, &d, &[], "checksum"), ErrorKind::Corrupt);
 
     with_state(&good[..good.len() - 10], &mem);
     assert_refused(&bad, &d, &[], "truncated");
@@ -325,7 +334,7 @@ fn bad_snapshots_are_refused_with_status_2() {
     let mut version = good.clone();
     version[8] = 99;
     with_state(&version, &mem);
-    assert_refused(&bad, &d, &[], "version 99 is not supported");
+    assert_eq!(assert_refused(&bad, &d, &[], "version 99 is not supported"), ErrorKind::Unsupported);
 
     let mut huge = good.clone();
     huge[16..24].copy_from_slice(&(1u64 << 40).to_le_bytes());

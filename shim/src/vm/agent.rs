@@ -109,17 +109,7 @@ pub async fn connect_once(addr: &AgentAddr) -> std::result::Result<AgentClient, 
 fn map_ttrpc(call: &str, e: ttrpc::Error) -> SandboxError {
     match e {
         ttrpc::Error::RpcStatus(s) => {
-            let msg = format!("agent {call}: {}", s.message);
-            match s.code() {
-                ttrpc::Code::NOT_FOUND => SandboxError::NotFound(msg),
-                ttrpc::Code::INVALID_ARGUMENT => SandboxError::InvalidArgument(msg),
-                ttrpc::Code::ALREADY_EXISTS => SandboxError::AlreadyExists(msg),
-                ttrpc::Code::FAILED_PRECONDITION => SandboxError::FailedPrecondition(msg),
-                ttrpc::Code::UNIMPLEMENTED => SandboxError::Unimplemented(msg),
-                ttrpc::Code::DEADLINE_EXCEEDED => SandboxError::Timeout(msg),
-                ttrpc::Code::UNAVAILABLE => SandboxError::Unavailable(msg),
-                _ => SandboxError::Internal(msg),
-            }
+            SandboxError::from_code(s.code(), format!("agent {call}: {}", s.message))
         }
         ttrpc::Error::LocalClosed | ttrpc::Error::RemoteClosed | ttrpc::Error::Eof => {
             SandboxError::Unavailable(format!(
@@ -460,6 +450,26 @@ impl Agent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn agent_codes_reach_containerd_unchanged() {
+        use ttrpc::Code;
+        for code in [
+            Code::PERMISSION_DENIED,
+            Code::OUT_OF_RANGE,
+            Code::RESOURCE_EXHAUSTED,
+            Code::NOT_FOUND,
+            Code::FAILED_PRECONDITION,
+        ] {
+            let from_agent = ttrpc::Error::RpcStatus(ttrpc::get_status(code, "no".to_string()));
+            let e = map_ttrpc("signal", from_agent);
+            assert!(e.to_string().contains("agent signal: no"), "{e}");
+            match ttrpc::Error::from(e) {
+                ttrpc::Error::RpcStatus(s) => assert_eq!(s.code(), code),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
 
     #[tokio::test]
     async fn handshake_accepts_ok_and_rejects_garbage() {

@@ -29,7 +29,8 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use serde::Deserialize;
+use burrow_vmm_api::layout;
+use burrow_vmm_api::sandbox_control::{SandboxReply, SandboxRequest};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
@@ -39,13 +40,12 @@ use super::VmSandbox;
 use crate::sandbox::{Result, SandboxError};
 use crate::spec;
 
-/// The control socket's file name in the sandbox's state directory.
-pub const CONTROL_SOCKET: &str = "control.sock";
-/// Longest control request line.
-const MAX_REQUEST: u64 = 4096;
+/// The control socket's file name in the sandbox's state directory, and
+/// its longest request line.
+pub use burrow_vmm_api::sandbox_control::{CONTROL_SOCKET, MAX_REQUEST};
 /// Incremental hibernation snapshots on one full one before the next full
-/// one (the VMM follows at most 64).
-pub const MAX_CHAIN: u32 = 16;
+/// one (the VMM follows at most [`layout::MAX_VMM_CHAIN`]).
+pub use burrow_vmm_api::layout::MAX_HIBERNATION_CHAIN as MAX_CHAIN;
 
 /// The newest link of a sandbox's hibernation chain.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,7 +101,7 @@ fn drop_links_but(dir: &Path, keep: &str) {
     for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         let name = e.file_name();
         let name = name.to_string_lossy();
-        if name != keep && name.starts_with("vm-") {
+        if name != keep && layout::is_link_name(&name) {
             remove_dir_only(&e.path());
         }
     }
@@ -243,7 +243,7 @@ impl VmSandbox {
             remove_dir(&dir);
         }
         // A new name each time: never write over a file a VMM maps.
-        let name = format!("vm-{generation}");
+        let name = layout::link_name(generation);
         let mut depth = on_top.as_ref().map_or(0, |c| c.depth.saturating_add(1));
         let mut written = self
             .hibernation_link(vm, &dir, &name, on_top.is_some())
@@ -254,7 +254,7 @@ impl VmSandbox {
             written = self.hibernation_link(vm, &dir, &name, false).await;
         }
         if let Err(e) = written {
-            if let Err(r) = vm.vmm.command("resume").await {
+            if let Err(r) = vm.vmm.resume().await {
                 tracing::error!("resuming after a failed hibernation: {r}");
             }
             if on_top.is_none() {
@@ -275,7 +275,7 @@ impl VmSandbox {
         });
         *self.agent.lock().unwrap_or_else(|p| p.into_inner()) = None;
         if let Some(mut vm) = slot.take() {
-            if let Err(e) = vm.vmm.command("stop").await {
+            if let Err(e) = vm.vmm.stop().await {
                 tracing::debug!("stopping the VM through its API: {e}");
             }
             let mut rx = vm.vmm.exited();
@@ -373,14 +373,6 @@ async fn idle_timer(me: std::sync::Weak<VmSandbox>, idle: Duration) {
     }
 }
 
-#[derive(Deserialize)]
-struct Request {
-    cmd: String,
-    /// The checkpoint's name (`checkpoint`).
-    #[serde(default)]
-    name: Option<String>,
-}
-
 async fn serve_control(me: std::sync::Weak<VmSandbox>, l: UnixListener) {
     loop {
         let Ok((s, _)) = l.accept().await else { return };
@@ -399,29 +391,17 @@ async fn handle_control(sb: &VmSandbox, s: UnixStream) -> std::io::Result<()> {
     BufReader::new(r.take(MAX_REQUEST))
         .read_line(&mut line)
         .await?;
-    let mut dir = None;
-    let result = match serde_json::from_str::<Request>(line.trim()) {
+    let result = match serde_json::from_str::<SandboxRequest>(line.trim()) {
         Err(e) => Err(format!("bad request: {e}")),
-        Ok(req) => match req.cmd.as_str() {
-            "hibernate" => sb.hibernate().await.map_err(|e| e.to_string()),
-            "wake" => sb.wake().await.map_err(|e| e.to_string()),
-            "status" => Ok(()),
-            "checkpoint" => match req.name.as_deref() {
-                None => Err("checkpoint: no name".to_string()),
-                Some(name) => sb
-                    .checkpoint_named(name)
-                    .await
-                    .map(|d| dir = Some(d))
-                    .map_err(|e| e.to_string()),
-            },
-            other => Err(format!("unknown command {other:?}")),
-        },
+        Ok(req) => match req {
+            SandboxRequest::Hibernate => sb.hibernate().await.map(|()| None),
+            SandboxRequest::Wake => sb.wake().await.map(|()| None),
+            SandboxRequest::Status => Ok(None),
+            SandboxRequest::Checkpoint { name } => sb.checkpoint_named(&name).await.map(Some),
+        }
+        .map_err(|e| e.to_string()),
     };
-    let state = sb.phase.borrow().name();
-    let reply = match result {
-        Ok(()) => serde_json::json!({"ok": true, "state": state, "dir": dir}),
-        Err(e) => serde_json::json!({"ok": false, "state": state, "error": e}),
-    };
-    w.write_all(format!("{reply}\n").as_bytes()).await?;
+    let reply = SandboxReply::new(sb.phase.borrow().name(), result);
+    w.write_all(&burrow_vmm_api::to_line(&reply)).await?;
     w.shutdown().await
 }

@@ -34,7 +34,7 @@ use crate::spec;
 
 use self::agent::{Agent, AgentAddr};
 use self::rootfs::GuestRootfs;
-use self::vmm::{Vmm, VmmArgs};
+use self::vmm::{DiskArg, Vmm, VmmArgs, VmmLaunch};
 
 /// The guest device the first disk appears as.
 pub const GUEST_ROOT_DEVICE: &str = "/dev/vda";
@@ -111,11 +111,10 @@ async fn sparse_job<T: Send + 'static>(
         .map_err(|e| SandboxError::Internal(format!("{what} {}: {e}", from.display())))?
         .map_err(|e| {
             let _ = std::fs::remove_file(&to);
-            SandboxError::Internal(format!(
-                "{what} {} into {}: {e}",
-                from.display(),
-                to.display()
-            ))
+            SandboxError::io(
+                format_args!("{what} {} into {}", from.display(), to.display()),
+                &e,
+            )
         })
 }
 
@@ -244,24 +243,34 @@ impl VmSandbox {
                 crate::config::DEFAULT_PATH
             )));
         }
+        let vcpus = u8::try_from(size.vcpus).map_err(|_| {
+            SandboxError::InvalidArgument(format!(
+                "{} vCPUs is more than burrow-vmm takes",
+                size.vcpus
+            ))
+        })?;
         let args = VmmArgs {
-            binary: cfg.vmm_binary(),
-            kernel: cfg.kernel.clone(),
             initrd: cfg.initrd.clone(),
             cmdline: cfg.kernel_cmdline.clone(),
-            disks: vec![(rootfs.disk.clone(), rootfs.read_only)],
-            vsock,
-            api,
-            serial_log: self.path("console.log"),
+            disks: vec![DiskArg { path: rootfs.disk.clone(), read_only: rootfs.read_only }],
+            vsock: Some(vsock),
+            api: Some(api),
+            serial_log: Some(self.path("console.log")),
+            vcpus,
+            mem_mib: size.memory_mib,
+            ..VmmArgs::boot(cfg.kernel.clone())
+        };
+        let args = VmmLaunch {
+            binary: cfg.vmm_binary(),
+            args,
             vcpus: size.vcpus,
             memory_mib: size.memory_mib,
-            restore: None,
         };
         tracing::info!(
             "booting VM: {} vCPUs, {} MiB, {}",
             size.vcpus,
             size.memory_mib,
-            args.to_args().join(" ")
+            args.describe()
         );
         let vm = self.launch(cfg, &args).await?;
         if let Err(e) = vm.agent.set_time_now().await {
@@ -285,9 +294,9 @@ impl VmSandbox {
     }
 
     /// Spawn burrow-vmm (boot or restore) and connect to the agent.
-    async fn launch(&self, cfg: &Config, args: &VmmArgs) -> Result<Vm> {
-        let vsock = args.vsock.clone();
-        let what = if args.restore.is_some() {
+    async fn launch(&self, cfg: &Config, args: &VmmLaunch) -> Result<Vm> {
+        let vsock = self.path("vsock.sock");
+        let what = if args.args.restore.is_some() {
             "restoring the checkpoint"
         } else {
             "booting"
@@ -303,12 +312,9 @@ impl VmSandbox {
         };
         let connected = tokio::select! {
             r = Agent::connect(&addr, agent_timeout, boot_timeout) => r,
-            gone = exited.wait_for(Option::is_some) => {
-                let why = gone.ok().and_then(|g| g.clone()).unwrap_or_default();
-                Err(SandboxError::Unavailable(format!(
-                    "the VM exited while {what}: {why} (guest console: {})",
-                    vmm::tail_of(&self.path("console.log"), 1024)
-                )))
+            _ = exited.wait_for(Option::is_some) => {
+                let console = vmm::tail_of(&self.path("console.log"), 1024);
+                Err(vmm.exit_error(what, &format!("guest console: {console}")))
             }
         };
         let agent = match connected {
@@ -351,19 +357,18 @@ impl VmSandbox {
         manifest: &snapshot::Manifest,
         disk: (PathBuf, bool),
         vm_dir: PathBuf,
-    ) -> VmmArgs {
-        VmmArgs {
+    ) -> VmmLaunch {
+        VmmLaunch {
             binary: cfg.vmm_binary(),
-            kernel: cfg.kernel.clone(),
-            initrd: None,
-            cmdline: String::new(),
-            disks: vec![disk],
-            vsock: self.path("vsock.sock"),
-            api: self.path("api.sock"),
-            serial_log: self.path("console.log"),
+            args: VmmArgs {
+                disks: vec![DiskArg { path: disk.0, read_only: disk.1 }],
+                vsock: Some(self.path("vsock.sock")),
+                api: Some(self.path("api.sock")),
+                serial_log: Some(self.path("console.log")),
+                ..VmmArgs::restore(vm_dir)
+            },
             vcpus: manifest.vcpus,
             memory_mib: manifest.memory_mib,
-            restore: Some(vm_dir),
         }
     }
 
@@ -511,7 +516,7 @@ impl VmSandbox {
             c.id,
             manifest.container_id,
             dir.display(),
-            args.to_args().join(" ")
+            args.describe()
         );
         let r = self
             .launch_restored(cfg, &args, &manifest.container_id, vm_slot)
@@ -528,7 +533,7 @@ impl VmSandbox {
     async fn launch_restored(
         &self,
         cfg: &Config,
-        args: &VmmArgs,
+        args: &VmmLaunch,
         guest_id: &str,
         vm_slot: &mut Option<Vm>,
     ) -> Result<u32> {
@@ -600,7 +605,7 @@ impl VmSandbox {
             AfterCheckpoint::Resume => {
                 let vm = self.vm.lock().await;
                 if let Some(vm) = vm.as_ref() {
-                    if let Err(e) = vm.vmm.command("resume").await {
+                    if let Err(e) = vm.vmm.resume().await {
                         tracing::error!("resuming the VM after a checkpoint: {e}");
                         if r.is_ok() {
                             return Err(e);
@@ -648,13 +653,7 @@ impl VmSandbox {
             .hibernation_chain
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = None;
-        let answer = vm
-            .vmm
-            .request(
-                &serde_json::json!({"cmd": "snapshot", "dir": vm_dir, "incremental": incremental}),
-                Duration::from_secs(600),
-            )
-            .await?;
+        let info = vm.vmm.snapshot(&vm_dir, incremental).await?;
         // The VM is paused now, so the disk matches the memory snapshot.
         if packed {
             let memory = vm_dir.join(snapshot::MEMORY);
@@ -690,10 +689,12 @@ impl VmSandbox {
             },
         )?;
         tracing::info!(
-            "{id}: snapshot written to {} in {} ms: {}",
+            "{id}: snapshot written to {} in {} ms: {} memory pages, {} bytes of state, VMM took {} ms",
             vm_dir.display(),
             started.elapsed().as_millis(),
-            answer.trim()
+            info.memory_pages,
+            info.state_bytes,
+            info.took_ms
         );
         Ok(())
     }
@@ -715,7 +716,7 @@ impl VmSandbox {
         *self.agent.lock().unwrap_or_else(|p| p.into_inner()) = None;
         if let Some(mut vm) = vm {
             if vm.vmm.exit_reason().is_none() {
-                if let Err(e) = vm.vmm.command("stop").await {
+                if let Err(e) = vm.vmm.stop().await {
                     tracing::debug!("stopping the VM through its API: {e}");
                 }
                 let mut rx = vm.vmm.exited();
@@ -908,7 +909,7 @@ impl Sandbox for VmSandbox {
         let vm = vm
             .as_ref()
             .ok_or_else(|| SandboxError::FailedPrecondition("the VM is not running".into()))?;
-        vm.vmm.command("pause").await?;
+        vm.vmm.pause().await?;
         self.paused.store(true, std::sync::atomic::Ordering::SeqCst);
         Ok(())
     }
@@ -918,7 +919,7 @@ impl Sandbox for VmSandbox {
         let vm = vm
             .as_ref()
             .ok_or_else(|| SandboxError::FailedPrecondition("the VM is not running".into()))?;
-        vm.vmm.command("resume").await?;
+        vm.vmm.resume().await?;
         self.paused
             .store(false, std::sync::atomic::Ordering::SeqCst);
         self.touch();

@@ -16,10 +16,9 @@ use std::path::PathBuf;
 use super::VmSandbox;
 use crate::sandbox::{AfterCheckpoint, Result, SandboxError};
 
-/// The named checkpoints' directory inside `snapshot_dir`.
-pub const NAMED_DIR: &str = ".checkpoints";
-/// Longest checkpoint name.
-pub const MAX_NAME: usize = 64;
+/// The named checkpoints' directory inside `snapshot_dir`, and the longest
+/// checkpoint name.
+pub use burrow_vmm_api::layout::{MAX_NAME, NAMED_DIR};
 
 /// Whether `name` may name a checkpoint.
 pub fn valid_name(name: &str) -> bool {

@@ -29,16 +29,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::sandbox::{Result, SandboxError};
 
-/// Manifest file name.
-pub const MANIFEST: &str = "burrow.json";
-/// The VMM's snapshot directory inside a checkpoint.
-pub const VM_DIR: &str = "vm";
-/// The copied writable disk.
-pub const ROOTFS: &str = "rootfs.img";
-/// The VMM's memory file inside its snapshot directory.
-pub const MEMORY: &str = "memory";
-/// Suffix of a packed file (see [`super::sparse`]).
-pub const PACKED: &str = ".packed";
+/// File names: the manifest, the VMM's snapshot directory inside a
+/// checkpoint, the copied writable disk, the VMM's memory and state files,
+/// the suffix of a packed file (see [`super::sparse`]); one definition for
+/// the VMM, shim and CLI in burrow-vmm-api.
+pub use burrow_vmm_api::layout::{
+    MANIFEST, MAX_NAME, MEMORY_FILE as MEMORY, PACKED, ROOTFS, STATE_FILE, VM_DIR,
+};
 /// Format version this shim writes and reads.
 pub const FORMAT_VERSION: u32 = 1;
 /// Largest manifest read (the spec is bounded by MAX_SPEC_BYTES, plus room).
@@ -91,7 +88,7 @@ pub fn write_manifest(dir: &Path, m: &Manifest) -> Result<()> {
         .map_err(|e| SandboxError::Internal(format!("encoding the manifest: {e}")))?;
     let path = dir.join(MANIFEST);
     std::fs::write(&path, data)
-        .map_err(|e| SandboxError::Internal(format!("writing {}: {e}", path.display())))
+        .map_err(|e| SandboxError::io(format_args!("writing {}", path.display()), &e))
 }
 
 /// Read and check the manifest of checkpoint `dir`, and that the files it
@@ -141,13 +138,13 @@ pub fn read_manifest_with(dir: &Path, with_rootfs: bool) -> Result<Manifest> {
         return Err(bad("VM size is zero".into()));
     }
     if let Some(name) = &m.vm {
-        if !crate::is_plain_name(name, 64) {
+        if !crate::is_plain_name(name, MAX_NAME) {
             return Err(bad(format!("bad vm directory name {name:?}")));
         }
     }
     let vm = m.vm_dir(dir);
     let name = |n: &str| if m.packed { packed(n) } else { n.to_string() };
-    let mut need = vec![vm.join("state"), vm.join(name(MEMORY))];
+    let mut need = vec![vm.join(STATE_FILE), vm.join(name(MEMORY))];
     if with_rootfs {
         need.push(dir.join(name(ROOTFS)));
     }

@@ -1,12 +1,17 @@
-//! Starting `burrow-vmm` and talking to its control API (JSON lines on a
-//! unix socket: `{"cmd":"pause"}` → `{"ok":true,"state":"paused"}`; event
-//! lines such as `{"event":"paused"}` may come in between and are skipped).
+//! Starting `burrow-vmm` and talking to its control API, both through the
+//! types of `burrow-vmm-api` that the VMM parses: [`VmmArgs`] becomes its
+//! argv, [`Command`]s go in and [`Response`]s come back as JSON lines (event
+//! lines that come in between are skipped). The VMM's errors keep their
+//! [`ErrorKind`], which becomes the gRPC code containerd sees.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde::Deserialize;
+use burrow_vmm_api::messages::Answer;
+use burrow_vmm_api::{ApiError, Command, ErrorKind, Line, Request, Response, SnapshotInfo};
+pub use burrow_vmm_api::{DiskArg, VmmArgs};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 use tokio::sync::watch;
@@ -14,80 +19,54 @@ use tokio::sync::watch;
 use crate::sandbox::{Result, SandboxError};
 
 /// Longest control API line read.
-const MAX_LINE: usize = 4096;
+const MAX_LINE: usize = burrow_vmm_api::MAX_LINE;
 /// Most event lines skipped while waiting for a reply.
 const MAX_SKIPPED: usize = 64;
+/// How long a plain command may take.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a snapshot may take (it writes all of guest memory).
+const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(600);
 
-/// What the VMM is started with.
+/// What the shim starts: the binary, its arguments, and the size of the VM
+/// they give (on a restore the arguments do not say; the checkpoint does).
 #[derive(Debug, Clone)]
-pub struct VmmArgs {
+pub struct VmmLaunch {
     pub binary: PathBuf,
-    pub kernel: PathBuf,
-    pub initrd: Option<PathBuf>,
-    pub cmdline: String,
-    pub disks: Vec<(PathBuf, bool)>,
-    pub vsock: PathBuf,
-    pub api: PathBuf,
-    pub serial_log: PathBuf,
+    pub args: VmmArgs,
     pub vcpus: u32,
     pub memory_mib: u64,
-    /// Restore this snapshot directory instead of booting `kernel` (the
-    /// size, kernel and command line then come from the snapshot).
-    pub restore: Option<PathBuf>,
 }
 
-impl VmmArgs {
-    /// The command line (without the binary).
-    pub fn to_args(&self) -> Vec<String> {
-        let mut a = vec!["run".to_string()];
-        match &self.restore {
-            Some(dir) => a.extend(["--restore".into(), dir.display().to_string()]),
-            None => a.extend([
-                "--kernel".into(),
-                self.kernel.display().to_string(),
-                "--cmdline".into(),
-                self.cmdline.clone(),
-            ]),
-        }
-        a.extend([
-            "--vsock".into(),
-            self.vsock.display().to_string(),
-            "--api".into(),
-            self.api.display().to_string(),
-            "--serial-log".into(),
-            self.serial_log.display().to_string(),
-        ]);
-        let restoring = self.restore.is_some();
-        if !restoring {
-            // A restore takes the VM's size and initrd from the snapshot.
-            a.extend([
-                "--vcpus".into(),
-                self.vcpus.to_string(),
-                "--mem".into(),
-                self.memory_mib.to_string(),
-            ]);
-            if let Some(i) = &self.initrd {
-                a.extend(["--initrd".into(), i.display().to_string()]);
-            }
-        }
-        for (d, ro) in &self.disks {
-            a.push("--disk".into());
-            // On a restore the read-only flag comes from the snapshot.
-            a.push(if *ro && !restoring {
-                format!("{}:ro", d.display())
-            } else {
-                d.display().to_string()
-            });
-        }
-        a
+impl VmmLaunch {
+    /// The command line, for the log.
+    pub fn describe(&self) -> String {
+        let argv: Vec<String> = self
+            .args
+            .to_argv()
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        argv.join(" ")
     }
 }
 
-#[derive(Debug, Deserialize)]
-struct Reply {
-    ok: Option<bool>,
-    state: Option<String>,
-    error: Option<String>,
+/// The VMM's error kinds as the shim reports them to containerd.
+impl From<ApiError> for SandboxError {
+    fn from(e: ApiError) -> Self {
+        let msg = format!("burrow-vmm: {}", e.message);
+        match e.kind {
+            ErrorKind::NoSpace => SandboxError::ResourceExhausted(msg),
+            ErrorKind::PermissionDenied => SandboxError::PermissionDenied(msg),
+            ErrorKind::NotFound => SandboxError::NotFound(msg),
+            ErrorKind::InvalidState => SandboxError::FailedPrecondition(msg),
+            // A corrupt snapshot is an unusable checkpoint, as the shim's
+            // own manifest checks call one.
+            ErrorKind::InvalidRequest | ErrorKind::Corrupt => SandboxError::InvalidArgument(msg),
+            ErrorKind::Unsupported => SandboxError::Unimplemented(msg),
+            ErrorKind::Timeout => SandboxError::Timeout(msg),
+            ErrorKind::Io | ErrorKind::Internal => SandboxError::Internal(msg),
+        }
+    }
 }
 
 /// A running burrow-vmm.
@@ -96,49 +75,53 @@ pub struct Vmm {
     api: PathBuf,
     /// `Some(description)` once the process has exited.
     exited: watch::Receiver<Option<String>>,
+    /// The typed error it reported when it could not build or restore the
+    /// VM (set before `exited`).
+    failure: Arc<Mutex<Option<ApiError>>>,
 }
 
 impl Vmm {
     /// Spawn it; its stderr goes to `log`.
-    pub fn spawn(args: &VmmArgs, log: &Path) -> Result<Self> {
-        if u8::try_from(args.vcpus).is_err() {
-            return Err(SandboxError::InvalidArgument(format!(
-                "{} vCPUs is more than burrow-vmm takes",
-                args.vcpus
-            )));
-        }
+    pub fn spawn(launch: &VmmLaunch, log: &Path) -> Result<Self> {
+        let api = launch.args.api.clone().ok_or_else(|| {
+            SandboxError::Internal("burrow-vmm started without an API socket".into())
+        })?;
         let log_file = std::fs::File::create(log)
-            .map_err(|e| SandboxError::Internal(format!("creating {}: {e}", log.display())))?;
-        let mut cmd = tokio::process::Command::new(&args.binary);
-        cmd.args(args.to_args())
+            .map_err(|e| SandboxError::io(format_args!("creating {}", log.display()), &e))?;
+        let mut cmd = tokio::process::Command::new(&launch.binary);
+        cmd.args(launch.args.to_argv())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log_file))
             .kill_on_drop(true);
         let mut child = cmd.spawn().map_err(|e| {
-            SandboxError::FailedPrecondition(format!("starting {}: {e}", args.binary.display()))
+            SandboxError::FailedPrecondition(format!("starting {}: {e}", launch.binary.display()))
         })?;
         let pid = child.id().unwrap_or(0);
         let (tx, rx) = watch::channel(None);
+        let failure = Arc::new(Mutex::new(None));
         let log = log.to_path_buf();
+        let failed = failure.clone();
         tokio::spawn(async move {
             let what = match child.wait().await {
                 Ok(s) => format!("burrow-vmm exited ({s})"),
                 Err(e) => format!("burrow-vmm: waiting failed: {e}"),
             };
-            let tail = tail_of(&log, 2048);
+            let (tail, typed) = exit_report(&log);
             let msg = if tail.is_empty() {
                 what
             } else {
                 format!("{what}: {tail}")
             };
             tracing::info!("{msg}");
+            *failed.lock().unwrap_or_else(|p| p.into_inner()) = typed;
             let _ = tx.send(Some(msg));
         });
         Ok(Self {
             pid,
-            api: args.api.clone(),
+            api,
             exited: rx,
+            failure,
         })
     }
 
@@ -152,13 +135,31 @@ impl Vmm {
         self.exited.clone()
     }
 
+    /// The error for "the VMM exited while `doing`": the VMM's own typed
+    /// error when it reported one (a full disk, a corrupt snapshot), else
+    /// Unavailable with its exit description and `detail`.
+    pub fn exit_error(&self, doing: &str, detail: &str) -> SandboxError {
+        let typed = self
+            .failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        match typed {
+            Some(e) => e.context(format!("the VM exited while {doing}")).into(),
+            None => SandboxError::Unavailable(format!(
+                "the VM exited while {doing}: {} ({detail})",
+                self.exit_reason().unwrap_or_default()
+            )),
+        }
+    }
+
     /// Wait for the API socket to appear (the VMM creates it while building
     /// the VM).
     pub async fn wait_api(&self, timeout: Duration) -> Result<()> {
         let start = tokio::time::Instant::now();
         loop {
-            if let Some(r) = self.exit_reason() {
-                return Err(SandboxError::Unavailable(r));
+            if self.exit_reason().is_some() {
+                return Err(self.exit_error("starting", "no API socket"));
             }
             if UnixStream::connect(&self.api).await.is_ok() {
                 return Ok(());
@@ -174,23 +175,51 @@ impl Vmm {
         }
     }
 
-    /// Send one command; returns the VM state it reports.
-    pub async fn command(&self, cmd: &str) -> Result<String> {
-        self.request(&serde_json::json!({ "cmd": cmd }), Duration::from_secs(10))
+    /// Freeze the vCPUs.
+    pub async fn pause(&self) -> Result<()> {
+        self.command(Command::Pause, COMMAND_TIMEOUT)
             .await
+            .map(drop)
     }
 
-    /// Send one request object (`{"cmd":...,...}`); returns the VM state it
-    /// reports.
-    pub async fn request(&self, body: &serde_json::Value, timeout: Duration) -> Result<String> {
+    /// Thaw them.
+    pub async fn resume(&self) -> Result<()> {
+        self.command(Command::Resume, COMMAND_TIMEOUT)
+            .await
+            .map(drop)
+    }
+
+    /// End the VM (the process exits).
+    pub async fn stop(&self) -> Result<()> {
+        self.command(Command::Stop, COMMAND_TIMEOUT).await.map(drop)
+    }
+
+    /// Pause and write a snapshot to `dir` (incremental: only the pages
+    /// written since the last one); the VM stays paused.
+    pub async fn snapshot(&self, dir: &Path, incremental: bool) -> Result<SnapshotInfo> {
+        let cmd = Command::Snapshot {
+            dir: dir.to_path_buf(),
+            incremental,
+        };
+        self.command(cmd, SNAPSHOT_TIMEOUT)
+            .await?
+            .snapshot
+            .ok_or_else(|| {
+                SandboxError::Internal("burrow-vmm answered a snapshot without its sizes".into())
+            })
+    }
+
+    /// Send one command and wait (at most `timeout`) for its answer.
+    pub async fn command(&self, cmd: Command, timeout: Duration) -> Result<Answer> {
         if let Some(r) = self.exit_reason() {
             return Err(SandboxError::Unavailable(r));
         }
-        tokio::time::timeout(timeout, request_at(&self.api, body))
+        let what = format!("{cmd:?}");
+        tokio::time::timeout(timeout, command_at(&self.api, cmd))
             .await
             .map_err(|_| {
                 SandboxError::Timeout(format!(
-                    "burrow-vmm did not answer {body} within {}s",
+                    "burrow-vmm did not answer {what} within {}s",
                     timeout.as_secs()
                 ))
             })?
@@ -212,20 +241,15 @@ impl Vmm {
     }
 }
 
-/// Send `{"cmd":CMD}` to the API socket at `api` and read the reply.
-pub async fn command_at(api: &Path, cmd: &str) -> Result<String> {
-    request_at(api, &serde_json::json!({ "cmd": cmd })).await
-}
-
-/// Send one request object to the API socket at `api` and read the reply.
-pub async fn request_at(api: &Path, body: &serde_json::Value) -> Result<String> {
-    let cmd = body.get("cmd").and_then(|c| c.as_str()).unwrap_or("?");
+/// Send `cmd` to the API socket at `api` and read its response.
+pub async fn command_at(api: &Path, cmd: Command) -> Result<Answer> {
+    let name = format!("{cmd:?}");
     let io = |e: std::io::Error| {
         SandboxError::Unavailable(format!("burrow-vmm API {}: {e}", api.display()))
     };
     let stream = UnixStream::connect(api).await.map_err(io)?;
     let (r, mut w) = stream.into_split();
-    w.write_all(format!("{body}\n").as_bytes())
+    w.write_all(&burrow_vmm_api::to_line(&Request::from(cmd)))
         .await
         .map_err(io)?;
     let mut reader =
@@ -235,7 +259,7 @@ pub async fn request_at(api: &Path, body: &serde_json::Value) -> Result<String> 
         let n = reader.read_line(&mut line).await.map_err(io)?;
         if n == 0 {
             return Err(SandboxError::Unavailable(format!(
-                "burrow-vmm API closed before answering {cmd:?}"
+                "burrow-vmm API closed before answering {name}"
             )));
         }
         if line.len() > MAX_LINE {
@@ -243,24 +267,44 @@ pub async fn request_at(api: &Path, body: &serde_json::Value) -> Result<String> 
                 "burrow-vmm API line too long".into(),
             ));
         }
-        let reply: Reply = match serde_json::from_str(line.trim()) {
-            Ok(r) => r,
-            Err(_) => continue,
-        };
-        match reply.ok {
-            None => continue, // an event line
-            Some(true) => return Ok(reply.state.unwrap_or_default()),
-            Some(false) => {
-                return Err(SandboxError::FailedPrecondition(format!(
-                    "burrow-vmm refused {cmd:?}: {}",
-                    reply.error.unwrap_or_default()
+        match serde_json::from_str::<Line>(line.trim()) {
+            Ok(Line::Response(r)) => return answer(r, &name),
+            Ok(Line::Event(_)) => continue,
+            Err(e) => {
+                return Err(SandboxError::Internal(format!(
+                    "burrow-vmm answered {name} with {:?}: {e}",
+                    line.trim()
                 )))
             }
         }
     }
     Err(SandboxError::Internal(format!(
-        "no reply to {cmd:?} from burrow-vmm"
+        "no reply to {name} from burrow-vmm"
     )))
+}
+
+fn answer(r: Response, name: &str) -> Result<Answer> {
+    r.into_result()
+        .map_err(|e| SandboxError::from(e.context(format!("{name} refused"))))
+}
+
+/// What the VMM's log says about its exit: the last lines as text on one
+/// line (without the typed failure line), and the typed failure, if the
+/// VMM reported one.
+fn exit_report(log: &Path) -> (String, Option<ApiError>) {
+    let tail = tail_of(log, 2048);
+    let mut typed = None;
+    let kept: Vec<&str> = tail
+        .split(" | ")
+        .filter(|l| match ApiError::from_failure_line(l) {
+            Some(e) => {
+                typed = Some(e);
+                false
+            }
+            None => true,
+        })
+        .collect();
+    (kept.join(" | "), typed)
 }
 
 use tokio::io::AsyncReadExt as _;
@@ -308,33 +352,64 @@ mod tests {
     use super::*;
 
     #[test]
-    fn args() {
-        let a = VmmArgs {
+    fn launch_describes_its_argv() {
+        let mut args = VmmArgs::boot("/k".into());
+        args.disks = vec![DiskArg {
+            path: "/r".into(),
+            read_only: true,
+        }];
+        args.api = Some("/s/a".into());
+        let l = VmmLaunch {
             binary: "burrow-vmm".into(),
-            kernel: "/k".into(),
-            initrd: Some("/i".into()),
-            cmdline: "console=ttyS0".into(),
-            disks: vec![("/d".into(), false), ("/r".into(), true)],
-            vsock: "/s/v".into(),
-            api: "/s/a".into(),
-            serial_log: "/s/c".into(),
+            args,
             vcpus: 2,
             memory_mib: 256,
-            restore: None,
         };
-        let v = a.to_args();
-        let s = v.join(" ");
-        assert!(s.starts_with("run --kernel /k"));
-        assert!(s.contains("--disk /d --disk /r:ro"));
-        assert!(s.contains("--vcpus 2 --mem 256"));
-        assert!(s.contains("--initrd /i"));
-        let r = VmmArgs {
-            restore: Some("/snap/vm".into()),
-            ..a
-        };
+        let s = l.describe();
+        assert!(s.starts_with("run --kernel /k"), "{s}");
+        assert!(s.contains("--disk /r:ro"), "{s}");
+    }
+
+    #[test]
+    fn vmm_error_kinds_become_the_right_codes() {
+        use containerd_shim::protos::ttrpc::Code;
+        let cases = [
+            (ErrorKind::NoSpace, Code::RESOURCE_EXHAUSTED),
+            (ErrorKind::PermissionDenied, Code::PERMISSION_DENIED),
+            (ErrorKind::NotFound, Code::NOT_FOUND),
+            (ErrorKind::InvalidState, Code::FAILED_PRECONDITION),
+            (ErrorKind::Corrupt, Code::INVALID_ARGUMENT),
+            (ErrorKind::InvalidRequest, Code::INVALID_ARGUMENT),
+            (ErrorKind::Unsupported, Code::UNIMPLEMENTED),
+            (ErrorKind::Timeout, Code::DEADLINE_EXCEEDED),
+            (ErrorKind::Io, Code::INTERNAL),
+        ];
+        for (kind, code) in cases {
+            let e = SandboxError::from(ApiError::new(kind, "m"));
+            assert_eq!(e.code(), code, "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn exit_report_separates_the_typed_failure() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let log = d.path().join("vmm.log");
+        let failure = ApiError::new(ErrorKind::NoSpace, "snapshot /s: No space left on device");
+        std::fs::write(
+            &log,
+            format!(
+                "burrow-vmm: snapshot /s: No space left on device\n{}\n",
+                failure.failure_line()
+            ),
+        )
+        .expect("write");
+        let (tail, typed) = exit_report(&log);
+        assert_eq!(tail, "burrow-vmm: snapshot /s: No space left on device");
+        assert_eq!(typed, Some(failure));
+        std::fs::write(&log, "burrow-vmm: guest powered off\n").expect("write");
         assert_eq!(
-            r.to_args().join(" "),
-            "run --restore /snap/vm --vsock /s/v --api /s/a --serial-log /s/c --disk /d --disk /r"
+            exit_report(&log),
+            ("burrow-vmm: guest powered off".into(), None)
         );
     }
 
@@ -344,19 +419,37 @@ mod tests {
         let api = dir.path().join("api.sock");
         let l = tokio::net::UnixListener::bind(&api).expect("bind");
         tokio::spawn(async move {
-            for reply in [
-                "{\"event\":\"started\"}\n{\"ok\":true,\"state\":\"paused\"}\n",
-                "{\"ok\":false,\"error\":\"not running\"}\n",
-            ] {
+            let replies = [
+                [
+                    burrow_vmm_api::to_line(&Line::Event(burrow_vmm_api::Event::Started)),
+                    burrow_vmm_api::to_line(&Response::ok(burrow_vmm_api::VmState::Paused)),
+                ]
+                .concat(),
+                burrow_vmm_api::to_line(&Response::err(ApiError::new(
+                    ErrorKind::NoSpace,
+                    "disk full",
+                ))),
+            ];
+            for reply in replies {
                 let (mut s, _) = l.accept().await.expect("accept");
                 let mut buf = [0u8; 64];
                 let _ = s.read(&mut buf).await;
-                s.write_all(reply.as_bytes()).await.expect("write");
+                s.write_all(&reply).await.expect("write");
             }
         });
-        assert_eq!(command_at(&api, "pause").await.expect("pause"), "paused");
-        let e = command_at(&api, "resume").await.expect_err("refused");
-        assert!(e.to_string().contains("not running"), "{e}");
+        let a = command_at(&api, Command::Pause).await.expect("pause");
+        assert_eq!(a.state, Some(burrow_vmm_api::VmState::Paused));
+        let e = command_at(
+            &api,
+            Command::Snapshot {
+                dir: "/s".into(),
+                incremental: false,
+            },
+        )
+        .await
+        .expect_err("refused");
+        assert!(e.to_string().contains("disk full"), "{e}");
+        assert!(matches!(e, SandboxError::ResourceExhausted(_)), "{e:?}");
     }
 
     #[test]

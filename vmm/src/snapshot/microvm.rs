@@ -28,11 +28,10 @@ use crate::devices::serial::persist::SerialSnap;
 use crate::devices::virtio::persist::{DeviceState, MmioState};
 use crate::GuestMemoryMmap;
 
-/// File names inside a snapshot directory.
-pub const STATE_FILE: &str = "state";
-pub const MEMORY_FILE: &str = "memory";
-/// Longest chain of incremental snapshots restore follows.
-pub const MAX_CHAIN: usize = 64;
+/// File names inside a snapshot directory, and the longest chain of
+/// incremental snapshots restore follows (burrow-vmm-api's layout, which
+/// the shim reads too).
+pub use burrow_vmm_api::layout::{MAX_VMM_CHAIN as MAX_CHAIN, MEMORY_FILE, STATE_FILE};
 /// Most virtio devices a state may describe (IRQs 5..=23).
 pub const MAX_DEVICES: usize = 19;
 

@@ -5,16 +5,15 @@
 //! clock), the devices, and memory last. The VM stays paused.
 
 use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
-use serde::{Deserialize, Serialize};
 use vm_memory::bitmap::AtomicBitmap;
 use vm_memory::mmap::MmapRegion;
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 
 use super::{lock, Vmm};
-use crate::api::{Event, VmState};
+use crate::api::{failure_kind, ApiError, ApiErrorKind, Event, SnapshotInfo, VmState};
 use crate::devices::virtio::persist::DeviceState;
 use crate::snapshot::memory::{write_sparse, PAGE_SIZE};
 use crate::snapshot::microvm::{
@@ -22,21 +21,6 @@ use crate::snapshot::microvm::{
 };
 use crate::snapshot::{self, write_state_file, Persist};
 use crate::vcpu;
-
-/// What the API answers for a snapshot.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SnapshotInfo {
-    pub dir: PathBuf,
-    pub incremental: bool,
-    /// Size of `<dir>/state`.
-    pub state_bytes: u64,
-    /// Apparent size of `<dir>/memory`.
-    pub memory_bytes: u64,
-    /// Pages actually written (non-zero ones in a full snapshot, dirty ones
-    /// in an incremental one).
-    pub memory_pages: u64,
-    pub took_ms: u64,
-}
 
 fn new_id() -> u64 {
     let t = std::time::SystemTime::now()
@@ -46,9 +30,18 @@ fn new_id() -> u64 {
     t ^ (u64::from(std::process::id()) << 40)
 }
 
-fn io(what: &str, path: &Path) -> impl FnOnce(std::io::Error) -> String {
+fn io(what: &str, path: &Path) -> impl FnOnce(std::io::Error) -> ApiError {
     let m = format!("{what} {}", path.display());
-    move |e| format!("{m}: {e}")
+    move |e| ApiError::io(m, &e)
+}
+
+fn err(kind: ApiErrorKind, message: impl Into<String>) -> ApiError {
+    ApiError::new(kind, message)
+}
+
+/// A snapshot-module error with the kind its cause has.
+fn typed(e: &(dyn std::error::Error + 'static)) -> ApiError {
+    err(failure_kind(e).unwrap_or(ApiErrorKind::Internal), e.to_string())
 }
 
 impl Vmm {
@@ -58,26 +51,26 @@ impl Vmm {
         dir: &Path,
         incremental: bool,
         events: &mut Vec<Event>,
-    ) -> Result<SnapshotInfo, String> {
+    ) -> Result<SnapshotInfo, ApiError> {
         let start = Instant::now();
         match self.state {
             VmState::Running => {
                 if !self.control.pause(&self.threads) {
                     self.control.resume();
-                    return Err("vCPUs did not pause in time".into());
+                    return Err(err(ApiErrorKind::Timeout, "vCPUs did not pause in time"));
                 }
                 self.state = VmState::Paused;
                 events.push(Event::Paused);
             }
             VmState::Paused | VmState::Created => {}
-            VmState::Exited => return Err("the VM has exited".into()),
+            VmState::Exited => return Err(err(ApiErrorKind::InvalidState, "the VM has exited")),
         }
         let base = if incremental {
             if !self.dirty_log {
-                return Err("incremental snapshot needs a full snapshot (or a restore) first: KVM is not logging dirty pages yet".into());
+                return Err(err(ApiErrorKind::InvalidState, "incremental snapshot needs a full snapshot (or a restore) first: KVM is not logging dirty pages yet"));
             }
             let Some((base_dir, base_id)) = self.last_snapshot.clone() else {
-                return Err("incremental snapshot needs a full snapshot first".into());
+                return Err(err(ApiErrorKind::InvalidState, "incremental snapshot needs a full snapshot first"));
             };
             Some((base_dir, base_id))
         } else {
@@ -87,7 +80,7 @@ impl Vmm {
         let dir = dir.canonicalize().map_err(io("cannot resolve", dir))?;
         if let Some((base_dir, _)) = &base {
             if *base_dir == dir {
-                return Err(format!("{} holds the base snapshot; write the incremental one elsewhere", dir.display()));
+                return Err(err(ApiErrorKind::InvalidRequest, format!("{} holds the base snapshot; write the incremental one elsewhere", dir.display())));
             }
         }
 
@@ -102,10 +95,10 @@ impl Vmm {
         } else {
             self.control
                 .save_all(&self.threads)
-                .ok_or("vCPUs did not save their state (a vCPU thread exited or hung)")?
+                .ok_or_else(|| err(ApiErrorKind::Timeout, "vCPUs did not save their state (a vCPU thread exited or hung)"))?
         };
-        let vcpus = vcpus.into_iter().collect::<Result<Vec<_>, _>>()?;
-        let vm = snapshot::vm::save(&self.vm).map_err(|e| e.to_string())?;
+        let vcpus = vcpus.into_iter().collect::<Result<Vec<_>, _>>().map_err(|e| err(ApiErrorKind::Internal, e))?;
+        let vm = snapshot::vm::save(&self.vm).map_err(|e| err(ApiErrorKind::Internal, e.to_string()))?;
         let serial = lock(&self.bus.serial).save();
         let i8042 = lock(&self.bus.i8042).save();
         let devices: Vec<_> = self.devices.iter().map(|d| lock(&d.transport).save()).collect();
@@ -113,7 +106,7 @@ impl Vmm {
             DeviceState::Unsupported(t) => Some(t),
             _ => None,
         }) {
-            return Err(format!("device type {t} does not support snapshots"));
+            return Err(err(ApiErrorKind::Unsupported, format!("device type {t} does not support snapshots")));
         }
 
         // Memory: written to a temporary name and renamed, so a VM restored
@@ -160,7 +153,7 @@ impl Vmm {
             devices,
         };
         let state_path = dir.join(STATE_FILE);
-        write_state_file(&state_path, &state).map_err(|e| e.to_string())?;
+        write_state_file(&state_path, &state).map_err(|e| typed(&e))?;
         let state_bytes = std::fs::metadata(&state_path).map(|m| m.len()).unwrap_or(0);
         self.last_snapshot = Some((dir.clone(), id));
         let info = SnapshotInfo {
@@ -177,7 +170,7 @@ impl Vmm {
 
     /// Log dirty pages from now on (KVM for the guest's writes, the memory
     /// bitmap for the VMM's), starting from a clean slate.
-    fn start_dirty_log(&mut self) -> Result<(), String> {
+    fn start_dirty_log(&mut self) -> Result<(), ApiError> {
         if !self.dirty_log {
             match super::register_memory(&self.vm, &self.mem, true) {
                 Ok(()) => self.dirty_log = true,
@@ -192,14 +185,14 @@ impl Vmm {
 
     /// The pages written since the last call (guest and VMM), as runs of
     /// linear page numbers; clears both logs.
-    fn take_dirty_pages(&mut self) -> Result<Vec<PageRun>, String> {
+    fn take_dirty_pages(&mut self) -> Result<Vec<PageRun>, ApiError> {
         let mut bitmaps = Vec::new();
         for (slot, region) in self.mem.iter().enumerate() {
             let len = region.len() as usize;
             let mut words = self
                 .vm
                 .get_dirty_log(slot as u32, len)
-                .map_err(|e| format!("KVM_GET_DIRTY_LOG: {e}"))?;
+                .map_err(|e| err(ApiErrorKind::Internal, format!("KVM_GET_DIRTY_LOG: {e}")))?;
             let pages = len / PAGE_SIZE;
             words.resize(pages.div_ceil(64), 0);
             let mapping: &MmapRegion<AtomicBitmap> = region;

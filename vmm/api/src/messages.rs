@@ -1,0 +1,237 @@
+//! The VMM control API: JSON lines on the unix socket given with `--api`.
+//! One [`Request`] per line, one [`Response`] line each; every connected
+//! client also receives [`Event`] lines, which may come before a response
+//! ([`Line`] tells them apart).
+//!
+//! ```text
+//! {"cmd":"pause"}                                  -> {"ok":true,"state":"paused"}
+//! {"cmd":"snapshot","dir":"/s","incremental":false} -> {"ok":true,"state":"paused","snapshot":{...}}
+//! {"cmd":"resume"} (VM exited)                     -> {"ok":false,"error":{"kind":"invalid_state","message":"..."}}
+//! events: {"event":"paused"}, {"event":"exit","reason":"poweroff","success":true}, ...
+//! ```
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{ApiError, ErrorKind};
+
+/// Longest request or response line.
+pub const MAX_LINE: usize = 4096;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "lowercase")]
+pub enum Command {
+    /// Run the vCPUs of a VM started with `--paused`.
+    Start,
+    Pause,
+    Resume,
+    /// End the VM (the VMM exits with status 0).
+    Stop,
+    Status,
+    /// Pause (if running) and write a snapshot to `dir`; the VM stays paused.
+    Snapshot {
+        dir: PathBuf,
+        #[serde(default)]
+        incremental: bool,
+    },
+}
+
+/// One request line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    #[serde(flatten)]
+    pub cmd: Command,
+}
+
+impl Request {
+    /// Parse one request line.
+    pub fn parse(line: &[u8]) -> Result<Self, ApiError> {
+        serde_json::from_slice(line)
+            .map_err(|e| ApiError::new(ErrorKind::InvalidRequest, format!("bad request: {e}")))
+    }
+}
+
+impl From<Command> for Request {
+    fn from(cmd: Command) -> Self {
+        Self { cmd }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VmState {
+    Created,
+    Running,
+    Paused,
+    Exited,
+}
+
+/// What the API answers for a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotInfo {
+    pub dir: PathBuf,
+    pub incremental: bool,
+    /// Size of `<dir>/state`.
+    pub state_bytes: u64,
+    /// Apparent size of `<dir>/memory`.
+    pub memory_bytes: u64,
+    /// Pages actually written (non-zero ones in a full snapshot, dirty ones
+    /// in an incremental one).
+    pub memory_pages: u64,
+    pub took_ms: u64,
+}
+
+/// The answer to one request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Response {
+    pub ok: bool,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub state: Option<VmState>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub error: Option<ApiError>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub snapshot: Option<SnapshotInfo>,
+}
+
+/// A successful response's content.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub state: Option<VmState>,
+    pub snapshot: Option<SnapshotInfo>,
+}
+
+impl Response {
+    pub fn ok(state: VmState) -> Self {
+        Self {
+            ok: true,
+            state: Some(state),
+            error: None,
+            snapshot: None,
+        }
+    }
+    pub fn err(error: ApiError) -> Self {
+        Self {
+            ok: false,
+            state: None,
+            error: Some(error),
+            snapshot: None,
+        }
+    }
+    pub fn snapshot(state: VmState, info: SnapshotInfo) -> Self {
+        Self {
+            ok: true,
+            state: Some(state),
+            error: None,
+            snapshot: Some(info),
+        }
+    }
+
+    /// The answer, or the error the VMM reported.
+    pub fn into_result(self) -> Result<Answer, ApiError> {
+        if self.ok {
+            Ok(Answer {
+                state: self.state,
+                snapshot: self.snapshot,
+            })
+        } else {
+            Err(self.error.unwrap_or_else(|| {
+                ApiError::new(ErrorKind::Internal, "the VMM refused without saying why")
+            }))
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "lowercase")]
+pub enum Event {
+    Started,
+    Paused,
+    Resumed,
+    /// The VM ended: `reason` is `reboot`, `poweroff`, `stopped`, `panic`,
+    /// `triple-fault` or `error`; `success` for the first three.
+    Exit {
+        reason: String,
+        success: bool,
+    },
+    Error {
+        message: String,
+    },
+}
+
+/// A line the VMM sends: an event or the response to a request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Line {
+    Event(Event),
+    Response(Response),
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests() {
+        let parse = |s: &[u8]| Request::parse(s).map(|r| r.cmd);
+        assert_eq!(parse(br#"{"cmd":"pause"}"#).unwrap(), Command::Pause);
+        assert_eq!(
+            parse(br#"{"cmd":"explode"}"#).unwrap_err().kind,
+            ErrorKind::InvalidRequest
+        );
+        assert_eq!(
+            parse(br#"{"cmd":"snapshot","dir":"/s"}"#).unwrap(),
+            Command::Snapshot {
+                dir: "/s".into(),
+                incremental: false
+            }
+        );
+        assert_eq!(
+            parse(br#"{"cmd":"snapshot","dir":"/s","incremental":true}"#).unwrap(),
+            Command::Snapshot {
+                dir: "/s".into(),
+                incremental: true
+            }
+        );
+        assert!(parse(br#"{"cmd":"snapshot"}"#).is_err(), "dir is required");
+        assert!(parse(b"\xff").is_err());
+        // What a client writes is what the VMM parses.
+        let cmd = Command::Snapshot {
+            dir: "/a b".into(),
+            incremental: true,
+        };
+        let line = crate::to_line(&Request::from(cmd.clone()));
+        assert_eq!(line.last(), Some(&b'\n'));
+        assert_eq!(parse(&line).unwrap(), cmd);
+    }
+
+    #[test]
+    fn responses_and_events() {
+        assert_eq!(
+            serde_json::to_string(&Response::ok(VmState::Running)).unwrap(),
+            r#"{"ok":true,"state":"running"}"#
+        );
+        let refused = Response::err(ApiError::new(ErrorKind::NoSpace, "x"));
+        assert_eq!(
+            serde_json::to_string(&refused).unwrap(),
+            r#"{"ok":false,"error":{"kind":"no_space","message":"x"}}"#
+        );
+        assert_eq!(refused.into_result().unwrap_err().kind, ErrorKind::NoSpace);
+        assert_eq!(
+            serde_json::to_string(&Event::Exit {
+                reason: "poweroff".into(),
+                success: true
+            })
+            .unwrap(),
+            r#"{"event":"exit","reason":"poweroff","success":true}"#
+        );
+        let line = |s: &str| serde_json::from_str::<Line>(s).unwrap();
+        assert_eq!(line(r#"{"event":"paused"}"#), Line::Event(Event::Paused));
+        assert_eq!(
+            line(r#"{"ok":true,"state":"paused"}"#),
+            Line::Response(Response::ok(VmState::Paused))
+        );
+        assert!(serde_json::from_str::<Line>(r#"{"hello":1}"#).is_err());
+    }
+}

@@ -62,7 +62,7 @@ impl VmSandbox {
                 )))
             }
         }
-        let after = if self.paused.load(std::sync::atomic::Ordering::SeqCst) {
+        let after = if matches!(self.vm.phase(), super::lifecycle::Phase::Paused(_)) {
             AfterCheckpoint::StayPaused
         } else {
             AfterCheckpoint::Resume

@@ -51,7 +51,7 @@ impl Launcher for VmmLauncher {
     async fn launch(&self, args: &VmmArgs) -> Result<Launched> {
         let restoring = args.restore.is_some();
         let what = if restoring {
-            "restoring the snapshot"
+            "restoring the checkpoint"
         } else {
             "booting"
         };

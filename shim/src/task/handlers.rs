@@ -132,6 +132,53 @@ impl TaskService {
         })
     }
 
+    /// Pause (or resume) container `id`'s sandbox; publishes TaskPaused
+    /// (TaskResumed).
+    async fn set_paused(&self, id: &str, pause: bool) -> TtrpcResult<api::Empty> {
+        {
+            let st = self.lock();
+            let c = st.container(id)?;
+            if pause {
+                c.require_running(id)?;
+            }
+            if st.paused == pause {
+                let already = if pause { "already" } else { "not" };
+                return Err(status(
+                    Code::FAILED_PRECONDITION,
+                    format!("container {id} is {already} paused"),
+                ));
+            }
+        }
+        if pause {
+            self.inner.sandbox.pause().await?;
+        } else {
+            self.inner.sandbox.resume().await?;
+        }
+        self.lock().paused = pause;
+        let container_id = id.to_string();
+        let events = self.inner.events.as_ref();
+        if pause {
+            send(
+                events,
+                TaskPaused {
+                    container_id,
+                    ..Default::default()
+                },
+            )
+            .await;
+        } else {
+            send(
+                events,
+                TaskResumed {
+                    container_id,
+                    ..Default::default()
+                },
+            )
+            .await;
+        }
+        Ok(api::Empty::default())
+    }
+
     async fn start_process(&self, req: &api::StartRequest) -> TtrpcResult<api::StartResponse> {
         let (stdio, exec, restored) = {
             let st = self.lock();
@@ -364,28 +411,7 @@ impl Task for TaskService {
     }
 
     async fn pause(&self, _ctx: &TtrpcContext, req: api::PauseRequest) -> TtrpcResult<api::Empty> {
-        {
-            let st = self.lock();
-            let c = st.container(&req.id)?;
-            c.require_running(&req.id)?;
-            if st.paused {
-                return Err(status(
-                    Code::FAILED_PRECONDITION,
-                    format!("container {} is already paused", req.id),
-                ));
-            }
-        }
-        self.inner.sandbox.pause().await?;
-        self.lock().paused = true;
-        send(
-            self.inner.events.as_ref(),
-            TaskPaused {
-                container_id: req.id.clone(),
-                ..Default::default()
-            },
-        )
-        .await;
-        Ok(api::Empty::default())
+        self.set_paused(&req.id, true).await
     }
 
     async fn resume(
@@ -393,27 +419,7 @@ impl Task for TaskService {
         _ctx: &TtrpcContext,
         req: api::ResumeRequest,
     ) -> TtrpcResult<api::Empty> {
-        {
-            let st = self.lock();
-            st.container(&req.id)?;
-            if !st.paused {
-                return Err(status(
-                    Code::FAILED_PRECONDITION,
-                    format!("container {} is not paused", req.id),
-                ));
-            }
-        }
-        self.inner.sandbox.resume().await?;
-        self.lock().paused = false;
-        send(
-            self.inner.events.as_ref(),
-            TaskResumed {
-                container_id: req.id.clone(),
-                ..Default::default()
-            },
-        )
-        .await;
-        Ok(api::Empty::default())
+        self.set_paused(&req.id, false).await
     }
 
     async fn checkpoint(

@@ -393,13 +393,24 @@ impl Lifecycle {
     /// The VM's handle once it can take calls: waits while it boots or is
     /// snapshotted, wakes it if it is asleep.
     pub async fn awake(&self) -> Result<Arc<Handle>> {
+        self.ready(true).await
+    }
+
+    /// The VM's handle once it runs, without waking it.
+    async fn when_running(&self) -> Result<Arc<Handle>> {
+        self.ready(false).await
+    }
+
+    async fn ready(&self, wake: bool) -> Result<Arc<Handle>> {
         let mut rx = self.phase.subscribe();
         loop {
             let phase = rx.borrow_and_update().clone();
             match phase {
                 Phase::Running(h) | Phase::Paused(h) => return Ok(h),
-                Phase::Asleep(_) => self.wake().await?,
-                Phase::Booting | Phase::Snapshotting(_) => changed(&mut rx).await?,
+                Phase::Asleep(_) if wake => self.wake().await?,
+                Phase::Asleep(_) | Phase::Booting | Phase::Snapshotting(_) => {
+                    changed(&mut rx).await?
+                }
                 Phase::Empty | Phase::Gone(_) => return Err(phase.not_running()),
             }
         }
@@ -414,21 +425,6 @@ impl Lifecycle {
                 return Ok(phase);
             }
             changed(&mut rx).await?;
-        }
-    }
-
-    /// The VM's handle once it runs, without waking it.
-    async fn when_running(&self) -> Result<Arc<Handle>> {
-        let mut rx = self.phase.subscribe();
-        loop {
-            let phase = rx.borrow_and_update().clone();
-            match phase {
-                Phase::Running(h) | Phase::Paused(h) => return Ok(h),
-                Phase::Asleep(_) | Phase::Booting | Phase::Snapshotting(_) => {
-                    changed(&mut rx).await?
-                }
-                Phase::Empty | Phase::Gone(_) => return Err(phase.not_running()),
-            }
         }
     }
 

@@ -6,6 +6,35 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+/// One test host at a time per machine (hack/testhost's lock): the tests in
+/// this file take turns, so that none of them times another one's boot.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn turn() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// stderr less hack/testhost's note that it waited for another test host.
+fn stderr_of(out: &std::process::Output) -> String {
+    without_lock_note(&String::from_utf8_lossy(&out.stderr))
+}
+
+/// hack/run-vm-binary's output: the attempt's stdout and stderr together.
+fn output_of(out: &std::process::Output) -> String {
+    without_lock_note(&format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    ))
+}
+
+fn without_lock_note(text: &str) -> String {
+    text.lines()
+        .filter(|l| !l.starts_with("testhost: waiting for another test host"))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
 fn testhost() -> Command {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut cmd = Command::new(root.join("hack/testhost"));
@@ -15,12 +44,13 @@ fn testhost() -> Command {
 
 #[test]
 fn command_output_and_status_come_back() {
+    let _turn = turn();
     let out = testhost()
         .args(["--", "sh", "-c", "echo out; echo err >&2; test -c /dev/kvm && grep -qw svm /proc/cpuinfo && exit 7"])
         .output()
         .expect("run hack/testhost");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = stderr_of(&out);
     assert_eq!(out.status.code(), Some(7), "stdout: {stdout}\nstderr: {stderr}");
     assert_eq!(stdout, "out\n");
     assert!(stderr.starts_with("err\n"), "stderr: {stderr}");
@@ -28,12 +58,13 @@ fn command_output_and_status_come_back() {
 
 #[test]
 fn a_hung_test_host_is_killed_at_its_timeout() {
+    let _turn = turn();
     let start = Instant::now();
     let out = testhost()
         .args(["--timeout", "20", "--", "sleep", "600"])
         .output()
         .expect("run hack/testhost");
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = stderr_of(&out);
     assert_eq!(out.status.code(), Some(124), "stderr: {stderr}");
     assert!(stderr.contains("timed out after 20s"), "stderr: {stderr}");
     assert!(start.elapsed() < Duration::from_secs(60), "took {:?}", start.elapsed());
@@ -41,12 +72,109 @@ fn a_hung_test_host_is_killed_at_its_timeout() {
 
 #[test]
 fn a_missing_kernel_is_refused_with_what_to_do() {
+    let _turn = turn();
     let out = testhost()
         .env("BURROW_CACHE", "/nonexistent/burrow-cache")
         .args(["--", "true"])
         .output()
         .expect("run hack/testhost");
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = stderr_of(&out);
     assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
     assert!(stderr.contains("hack/testhost --prepare"), "stderr: {stderr}");
+}
+
+/// hack/run-vm-binary with its logs and retry record in a fresh directory.
+fn run_vm_binary(dir: &std::path::Path, script: &str) -> std::process::Output {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    Command::new(root.join("hack/run-vm-binary"))
+        .current_dir(&root)
+        .env("BURROW_TEST_LOGS", dir.join("logs"))
+        .env("BURROW_RETRIES", dir.join("retries"))
+        .args(["--timeout", "300", "selftest", "--", "sh", "-c", script])
+        .output()
+        .expect("run hack/run-vm-binary")
+}
+
+#[test]
+fn a_test_host_soft_lockup_is_detected_within_90s_and_retried_once() {
+    let _turn = turn();
+    let cache = testhost().arg("--print-cache").output().expect("hack/testhost --print-cache");
+    let cache = String::from_utf8_lossy(&cache.stdout).trim().to_string();
+    let module = PathBuf::from(cache).join("current/burrow_lockup.ko");
+    assert!(
+        module.exists(),
+        "{} is missing: hack/testhost --prepare builds it (needs Debian's linux-headers for the test-host kernel)",
+        module.display()
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Attempt 1 makes the test host's own kernel spin with preemption off
+    // (a soft lockup, as QEMU's emulated SVM causes); attempt 2 is healthy.
+    let script = format!(
+        "if [ \"$BURROW_TESTHOST_ATTEMPT\" = 1 ]; then insmod {} seconds=200; fi; echo attempt $BURROW_TESTHOST_ATTEMPT done",
+        module.display()
+    );
+    let out = run_vm_binary(dir.path(), &script);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = stderr_of(&out);
+    let all = format!("stdout: {stdout}\nstderr: {stderr}");
+    assert_eq!(out.status.code(), Some(0), "{all}");
+    assert!(stdout.contains("attempt 2 done") && !stdout.contains("attempt 1 done"), "{all}");
+    let retries = std::fs::read_to_string(dir.path().join("retries")).expect("retry record");
+    let lines: Vec<&str> = retries.lines().collect();
+    assert_eq!(lines.len(), 1, "exactly one retry: {retries:?}\n{all}");
+    assert!(
+        lines[0] == "selftest soft lockup" || lines[0] == "selftest RCU stall",
+        "the cause is the test host's lockup: {retries:?}"
+    );
+    // The first attempt's log is kept, and says when the trouble was seen.
+    let kept: Vec<_> = std::fs::read_dir(dir.path().join("logs"))
+        .expect("kept logs")
+        .filter_map(|e| e.ok())
+        .collect();
+    assert_eq!(kept.len(), 1, "one kept log");
+    let first = std::fs::read_to_string(kept[0].path()).expect("read the kept log");
+    let after: u64 = first
+        .split("is in trouble after ")
+        .nth(1)
+        .and_then(|s| s.split('s').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("the first attempt's log says when: {first}"));
+    assert!(after <= 90, "detected {after} s after the test host started: {first}");
+    assert!(stderr.contains("running selftest once more"), "{all}");
+}
+
+#[test]
+fn a_failure_of_ours_is_not_retried_even_a_guest_triple_fault() {
+    let _turn = turn();
+    let dir = tempfile::tempdir().expect("tempdir");
+    // What burrow-vmm prints when its guest triple-faults, then a failed
+    // test: the test host is healthy, so the failure stands.
+    let out = run_vm_binary(
+        dir.path(),
+        "echo 'vcpu0: guest triple fault: rip=0x0' >&2; echo 'burrow-vmm: guest triple-faulted (CPU shutdown)' >&2; exit 101",
+    );
+    let stderr = output_of(&out);
+    assert_eq!(out.status.code(), Some(101), "{stderr}");
+    assert!(stderr.contains("guest triple-faulted"), "{stderr}");
+    assert!(!stderr.contains("once more"), "{stderr}");
+    let retries = std::fs::read_to_string(dir.path().join("retries")).unwrap_or_default();
+    assert_eq!(retries, "", "no retry");
+}
+
+#[test]
+fn a_hang_in_a_healthy_test_host_is_not_retried() {
+    let _turn = turn();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = Command::new(root.join("hack/run-vm-binary"))
+        .current_dir(&root)
+        .env("BURROW_TEST_LOGS", dir.path().join("logs"))
+        .env("BURROW_RETRIES", dir.path().join("retries"))
+        .args(["--timeout", "30", "selftest", "--", "sleep", "600"])
+        .output()
+        .expect("run hack/run-vm-binary");
+    let stderr = output_of(&out);
+    assert_eq!(out.status.code(), Some(124), "{stderr}");
+    assert!(stderr.contains("with the test host healthy"), "{stderr}");
+    assert!(!stderr.contains("once more"), "{stderr}");
 }

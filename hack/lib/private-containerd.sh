@@ -4,23 +4,34 @@
 # Needs: $here (repo root), $work (scratch dir, removed by the caller).
 # Sets: $containerd_pid; registers private_containerd_stop on EXIT.
 
-# burrow's binaries: installed ones (burrow install), else this checkout's
-# release build, else its debug build.
-if ! command -v containerd-shim-burrow-v2 >/dev/null; then
-    for profile in release debug; do
-        if [[ -x $here/target/$profile/containerd-shim-burrow-v2 && -x $here/target/$profile/burrow-vmm ]]; then
-            export PATH=$here/target/$profile:$PATH
-            break
-        fi
-    done
+# burrow's binaries: this checkout's release build, else its debug build,
+# else the installed ones (burrow install); said on stderr, never silently.
+burrow_bin_from=""
+for profile in release debug; do
+    if [[ -x $here/target/$profile/containerd-shim-burrow-v2 && -x $here/target/$profile/burrow-vmm ]]; then
+        export PATH=$here/target/$profile:$PATH
+        burrow_bin_from="this checkout's $profile build ($here/target/$profile)"
+        break
+    fi
+done
+if [[ -z $burrow_bin_from ]]; then
+    command -v containerd-shim-burrow-v2 >/dev/null ||
+        { echo "no burrow build in $here/target and none installed: run hack/setup (or cargo build --release)" >&2; exit 1; }
+    burrow_bin_from="installed ($(dirname "$(command -v containerd-shim-burrow-v2)"))"
 fi
-# burrow's config: the installed /etc/burrow/config.toml, else the built
-# (cached) guest assets.
-if [[ ! -f /etc/burrow/config.toml && -z ${BURROW_CONFIG:-} ]]; then
-    echo "guest kernel and initramfs for burrow (cached builds)" >&2
+echo "burrow binaries: $burrow_bin_from" >&2
+# burrow's config: $BURROW_CONFIG when set; with installed binaries the
+# installed /etc/burrow/config.toml; else one written here for this
+# checkout's cached guest kernel and initramfs.
+if [[ -n ${BURROW_CONFIG:-} ]]; then
+    echo "burrow config: $BURROW_CONFIG (BURROW_CONFIG)" >&2
+elif [[ $burrow_bin_from == installed* && -f /etc/burrow/config.toml ]]; then
+    echo "burrow config: /etc/burrow/config.toml (installed)" >&2
+else
     printf 'kernel = "%s"\ninitrd = "%s"\nstate_dir = "%s"\n[memory_mib]\ndefault = 256\n' \
         "$("$here/guest-kernel/build" | tail -n 1)" "$("$here/rootfs/build" | tail -n 1)" "$work/burrow" >"$work/burrow.toml"
     export BURROW_CONFIG=$work/burrow.toml
+    echo "burrow config: this checkout's cached guest kernel and initramfs ($BURROW_CONFIG)" >&2
 fi
 croot=/var/lib/containerd/private-$$
 mkdir -p "$croot"

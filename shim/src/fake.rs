@@ -75,7 +75,8 @@ impl FakeSandbox {
         self.changed.notify_waiters();
     }
 
-    /// Let Create with a checkpoint "restore" (off: the fake refuses).
+    /// Let Create with a checkpoint "restore" and Checkpoint "write" one
+    /// (off: the fake refuses both).
     pub fn allow_restore(&self) {
         self.lock().restorable = true;
     }
@@ -357,6 +358,19 @@ impl Sandbox for FakeSandbox {
 
     fn named_checkpoint(&self, name: &str) -> Result<std::path::PathBuf> {
         Ok(Path::new("/named").join(name))
+    }
+
+    /// A "checkpoint" only records the call.
+    async fn checkpoint(&self, dir: &Path, after: AfterCheckpoint) -> Result<()> {
+        let mut st = self.lock();
+        if !st.restorable {
+            return Err(SandboxError::Unimplemented(
+                "this sandbox cannot be checkpointed".into(),
+            ));
+        }
+        st.calls
+            .push(format!("checkpoint to {} then {after:?}", dir.display()));
+        Ok(())
     }
 
     /// A "restore" is a create whose process runs already.

@@ -30,5 +30,3 @@ pub fn is_plain_name(name: &str, max: usize) -> bool {
 
 #[cfg(test)]
 mod fake;
-#[cfg(test)]
-mod task_tests;

@@ -8,12 +8,19 @@
 //! All of it goes when the sandbox shuts down; `containerd-shim-burrow-v2
 //! delete` removes what a crashed shim left behind ([`cleanup_state`]).
 //!
+//! The VM itself belongs to its [`lifecycle::Lifecycle`]; this file is the
+//! container registry and the [`Sandbox`] calls, which reach the guest
+//! through the handle the lifecycle's phase holds.
+//!
 //! Limits for now: one container per VM (the VMM cannot hot-plug the disk a
 //! second container would need); Update of resources is refused (no vCPU or
 //! memory hotplug).
 
 pub mod agent;
+pub mod checkpoint;
 pub mod hibernate;
+pub mod launch;
+pub mod lifecycle;
 pub mod named;
 pub mod rootfs;
 pub mod snapshot;
@@ -22,100 +29,40 @@ pub mod vmm;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use burrow_protocol::agent as pb;
-use tokio::sync::{watch, Mutex};
 
 use crate::config::Config;
 use crate::sandbox::*;
 use crate::spec;
 
-use self::agent::{Agent, AgentAddr};
+use self::agent::Agent;
+use self::checkpoint::Contents;
+use self::launch::VmmLauncher;
+use self::lifecycle::{Gone, Lifecycle, Phase};
 use self::rootfs::GuestRootfs;
-use self::vmm::{DiskArg, Vmm, VmmArgs, VmmLaunch};
+use self::vmm::{DiskArg, VmmArgs, VmmLaunch};
 
 /// The guest device the first disk appears as.
 pub const GUEST_ROOT_DEVICE: &str = "/dev/vda";
 /// Longest unix socket path (sun_path less its NUL).
 const MAX_SOCKET_PATH: usize = 107;
 
-struct Vm {
-    vmm: Vmm,
-    agent: Agent,
-    vcpus: u32,
-    memory_mib: u64,
-}
-
-struct ContainerRes {
-    rootfs: GuestRootfs,
-    /// The id the agent in the guest knows the container by: the task id,
-    /// except for a task restored from a checkpoint of another container.
-    guest_id: String,
-    /// The spec as the guest got it (for checkpoint manifests).
-    guest_spec: serde_json::Value,
-}
-
 /// A VM-backed sandbox.
 pub struct VmSandbox {
     cfg: Result<Config>,
     dir: PathBuf,
-    vm: Mutex<Option<Vm>>,
-    /// Set once the VM has exited (for calls that block in the agent).
-    exited: std::sync::Mutex<Option<watch::Receiver<Option<String>>>>,
-    containers: std::sync::Mutex<HashMap<String, ContainerRes>>,
-    /// Agent handle for calls that must not queue behind the VM lock.
-    agent: std::sync::Mutex<Option<Agent>>,
-    /// Itself, for the tasks it spawns (idle timer, control socket).
-    me: std::sync::Weak<VmSandbox>,
-    /// Running, hibernating or asleep ([`hibernate`]).
-    phase: watch::Sender<hibernate::Phase>,
+    /// The VM: the only owner of its phase.
+    vm: Lifecycle,
+    /// What each container runs on and is known by in the guest.
+    containers: std::sync::Mutex<HashMap<String, Contents>>,
     /// Last exec, stdio traffic or RPC (for hibernate-on-idle).
-    last_activity: std::sync::Mutex<std::time::Instant>,
-    /// Frozen by containerd's Pause (not hibernated then).
-    paused: std::sync::atomic::AtomicBool,
-    /// Stopped by a checkpoint with `exit`: its processes were killed on
-    /// purpose (CRIU's checkpoint kills them too), not lost.
-    exited_by_checkpoint: std::sync::atomic::AtomicBool,
-    /// Where this sandbox's hibernation snapshot goes.
-    hibernate_dir: PathBuf,
-    /// The hibernation snapshot the running VM was woken from, while it is
-    /// still the VM's last snapshot: the next hibernation only writes the
-    /// pages dirtied since, on top of it.
-    hibernation_chain: std::sync::Mutex<Option<hibernate::Chain>>,
-}
-
-/// What [`VmSandbox::write_snapshot`] writes.
-#[derive(Debug, Clone, Copy)]
-enum SnapshotKind<'a> {
-    /// A checkpoint: a full VM snapshot in `vm/` and a copy of the rootfs
-    /// disk; `packed` (for containerd) stores the memory file and the disk
-    /// as [`sparse`] packs.
-    Checkpoint { packed: bool },
-    /// A link of the hibernation chain: the VM snapshot in `name`, holding
-    /// only the pages dirtied since the VM's last snapshot if `incremental`.
-    Hibernation { name: &'a str, incremental: bool },
-}
-
-/// Run a [`sparse`] pack or unpack of `from` into `to` off the async threads.
-async fn sparse_job<T: Send + 'static>(
-    what: &'static str,
-    from: PathBuf,
-    to: PathBuf,
-    job: fn(&Path, &Path) -> std::io::Result<T>,
-) -> Result<T> {
-    let (f, t) = (from.clone(), to.clone());
-    tokio::task::spawn_blocking(move || job(&f, &t))
-        .await
-        .map_err(|e| SandboxError::Internal(format!("{what} {}: {e}", from.display())))?
-        .map_err(|e| {
-            let _ = std::fs::remove_file(&to);
-            SandboxError::io(
-                format_args!("{what} {} into {}", from.display(), to.display()),
-                &e,
-            )
-        })
+    last_activity: std::sync::Mutex<Instant>,
+    /// Itself, for the tasks it spawns (idle timer, control socket).
+    me: Weak<VmSandbox>,
 }
 
 /// The state directory of a sandbox.
@@ -162,7 +109,7 @@ impl VmSandbox {
         cfg: std::result::Result<Config, String>,
         namespace: &str,
         sandbox_id: &str,
-    ) -> std::sync::Arc<Self> {
+    ) -> Arc<Self> {
         let cfg = cfg.map_err(|e| SandboxError::FailedPrecondition(format!("burrow config: {e}")));
         let root = cfg
             .as_ref()
@@ -171,20 +118,25 @@ impl VmSandbox {
             |_| PathBuf::from("/var/lib/burrow/snapshots"),
             |c| c.snapshot_dir.clone(),
         );
-        std::sync::Arc::new_cyclic(|me| Self {
+        let (boot, agent) = cfg.as_ref().map_or((1, 1), |c| {
+            (c.boot_timeout_secs.max(1), c.agent_timeout_secs.max(1))
+        });
+        let dir = state_dir(&root, namespace, sandbox_id);
+        let launcher = VmmLauncher {
+            dir: dir.clone(),
+            boot_timeout: Duration::from_secs(boot),
+            agent_timeout: Duration::from_secs(agent),
+        };
+        Arc::new_cyclic(|me| Self {
             cfg,
-            dir: state_dir(&root, namespace, sandbox_id),
-            vm: Mutex::new(None),
-            exited: std::sync::Mutex::new(None),
+            dir,
+            vm: Lifecycle::new(
+                Box::new(launcher),
+                state_dir(&snapshots, namespace, sandbox_id),
+            ),
             containers: std::sync::Mutex::new(HashMap::new()),
-            agent: std::sync::Mutex::new(None),
+            last_activity: std::sync::Mutex::new(Instant::now()),
             me: me.clone(),
-            phase: watch::channel(hibernate::Phase::Running(0)).0,
-            last_activity: std::sync::Mutex::new(std::time::Instant::now()),
-            paused: std::sync::atomic::AtomicBool::new(false),
-            exited_by_checkpoint: std::sync::atomic::AtomicBool::new(false),
-            hibernate_dir: state_dir(&snapshots, namespace, sandbox_id),
-            hibernation_chain: std::sync::Mutex::new(None),
         })
     }
 
@@ -194,89 +146,36 @@ impl VmSandbox {
             .map_err(|e| SandboxError::FailedPrecondition(e.to_string()))
     }
 
-    fn agent(&self) -> Result<Agent> {
-        self.agent
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-            .ok_or_else(|| SandboxError::FailedPrecondition("the VM is not running".into()))
-    }
-
-    /// Run a call that blocks in the agent, failing when the VM dies.
-    async fn unless_vm_exits<T>(
-        &self,
-        fut: impl std::future::Future<Output = Result<T>>,
-    ) -> Result<T> {
-        let rx = self
-            .exited
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        let Some(mut rx) = rx else { return fut.await };
-        tokio::select! {
-            r = fut => r,
-            gone = rx.wait_for(Option::is_some) => {
-                let why = gone.ok().and_then(|g| g.clone()).unwrap_or_else(|| "burrow-vmm is gone".into());
-                Err(SandboxError::Unavailable(format!("the VM exited: {why}")))
-            }
-        }
-    }
-
     fn path(&self, name: &str) -> PathBuf {
         self.dir.join(name)
     }
 
-    async fn boot(
-        &self,
-        cfg: &Config,
-        spec_value: &serde_json::Value,
-        rootfs: &GuestRootfs,
-    ) -> Result<Vm> {
-        let size = spec::vm_size(spec_value, cfg);
-        let vsock = self.path("vsock.sock");
-        let api = self.path("api.sock");
-        self.check_socket_paths()?;
-        if !cfg.kernel.is_file() {
-            return Err(SandboxError::FailedPrecondition(format!(
-                "guest kernel {} is missing: run `burrow install` or set `kernel` in {}",
-                cfg.kernel.display(),
-                crate::config::DEFAULT_PATH
-            )));
-        }
-        let vcpus = u8::try_from(size.vcpus).map_err(|_| {
-            SandboxError::InvalidArgument(format!(
-                "{} vCPUs is more than burrow-vmm takes",
-                size.vcpus
-            ))
-        })?;
-        let args = VmmArgs {
-            initrd: cfg.initrd.clone(),
-            cmdline: cfg.kernel_cmdline.clone(),
-            disks: vec![DiskArg { path: rootfs.disk.clone(), read_only: rootfs.read_only }],
-            vsock: Some(vsock),
-            api: Some(api),
-            serial_log: Some(self.path("console.log")),
-            vcpus,
-            mem_mib: size.memory_mib,
-            ..VmmArgs::boot(cfg.kernel.clone())
-        };
-        let args = VmmLaunch {
-            binary: cfg.vmm_binary(),
-            args,
-            vcpus: size.vcpus,
-            memory_mib: size.memory_mib,
-        };
-        tracing::info!(
-            "booting VM: {} vCPUs, {} MiB, {}",
-            size.vcpus,
-            size.memory_mib,
-            args.describe()
-        );
-        let vm = self.launch(cfg, &args).await?;
-        if let Err(e) = vm.agent.set_time_now().await {
-            tracing::warn!("setting the guest clock: {e}");
-        }
-        Ok(vm)
+    /// The registry, locked.
+    fn registry(&self) -> std::sync::MutexGuard<'_, HashMap<String, Contents>> {
+        self.containers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The container the VM runs (one per VM for now).
+    fn the_container(&self) -> Result<Contents> {
+        self.registry()
+            .values()
+            .next()
+            .cloned()
+            .ok_or_else(|| SandboxError::FailedPrecondition("the sandbox has no container".into()))
+    }
+
+    /// The id the guest's agent knows container `id` by.
+    fn gid(&self, id: &str) -> String {
+        self.registry()
+            .get(id)
+            .map_or_else(|| id.to_string(), |c| c.guest_id.clone())
+    }
+
+    /// The agent, waking the VM first if it is hibernated (and waiting
+    /// while it boots or is snapshotted).
+    async fn awake_agent(&self) -> Result<Agent> {
+        self.touch();
+        Ok(self.vm.awake().await?.agent.clone())
     }
 
     /// Check the lengths of the socket paths in the state directory.
@@ -293,54 +192,11 @@ impl VmSandbox {
         Ok(())
     }
 
-    /// Spawn burrow-vmm (boot or restore) and connect to the agent.
-    async fn launch(&self, cfg: &Config, args: &VmmLaunch) -> Result<Vm> {
-        let vsock = self.path("vsock.sock");
-        let what = if args.args.restore.is_some() {
-            "restoring the checkpoint"
-        } else {
-            "booting"
-        };
-        let mut vmm = Vmm::spawn(args, &self.path("vmm.log"))?;
-        let _ = std::fs::write(self.path("vmm.pid"), vmm.pid.to_string());
-        let boot_timeout = Duration::from_secs(cfg.boot_timeout_secs.max(1));
-        let agent_timeout = Duration::from_secs(cfg.agent_timeout_secs.max(1));
-        let mut exited = vmm.exited();
-        let addr = AgentAddr::Vsock {
-            path: vsock,
-            port: burrow_protocol::AGENT_VSOCK_PORT,
-        };
-        let connected = tokio::select! {
-            r = Agent::connect(&addr, agent_timeout, boot_timeout) => r,
-            _ = exited.wait_for(Option::is_some) => {
-                let console = vmm::tail_of(&self.path("console.log"), 1024);
-                Err(vmm.exit_error(what, &format!("guest console: {console}")))
-            }
-        };
-        let agent = match connected {
-            Ok(a) => a,
-            Err(e) => {
-                vmm.kill().await;
-                return Err(e);
-            }
-        };
-        Ok(Vm {
-            vmm,
-            agent,
-            vcpus: args.vcpus,
-            memory_mib: args.memory_mib,
-        })
-    }
-
     /// Refuse (saying `why`) when this sandbox has a VM or a container
     /// already: a burrow VM runs one container for now.
-    fn require_no_container(&self, vm_slot: &Option<Vm>, why: &str) -> Result<()> {
-        let empty = self
-            .containers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_empty();
-        if vm_slot.is_none() && empty {
+    fn require_no_container(&self, why: &str) -> Result<()> {
+        let no_vm = matches!(self.vm.phase(), Phase::Empty | Phase::Gone(_));
+        if no_vm && self.registry().is_empty() {
             Ok(())
         } else {
             Err(SandboxError::Unimplemented(format!(
@@ -349,38 +205,74 @@ impl VmSandbox {
         }
     }
 
-    /// burrow-vmm's arguments to restore the snapshot in `vm_dir` (taken
-    /// with `manifest`) onto `disk`.
-    fn restore_args(
+    /// How to start burrow-vmm for a VM of `vcpus` and `memory_mib` on
+    /// `disk`, restoring `restore` or booting the configured kernel.
+    fn vmm_args(
         &self,
         cfg: &Config,
-        manifest: &snapshot::Manifest,
-        disk: (PathBuf, bool),
-        vm_dir: PathBuf,
-    ) -> VmmLaunch {
-        VmmLaunch {
+        (path, read_only): (PathBuf, bool),
+        (vcpus, memory_mib): (u32, u64),
+        restore: Option<PathBuf>,
+    ) -> Result<VmmLaunch> {
+        let start = match restore {
+            Some(dir) => VmmArgs::restore(dir),
+            None => VmmArgs {
+                initrd: cfg.initrd.clone(),
+                cmdline: cfg.kernel_cmdline.clone(),
+                vcpus: u8::try_from(vcpus).map_err(|_| {
+                    SandboxError::InvalidArgument(format!(
+                        "{vcpus} vCPUs is more than burrow-vmm takes"
+                    ))
+                })?,
+                mem_mib: memory_mib,
+                ..VmmArgs::boot(cfg.kernel.clone())
+            },
+        };
+        Ok(VmmLaunch {
             binary: cfg.vmm_binary(),
             args: VmmArgs {
-                disks: vec![DiskArg { path: disk.0, read_only: disk.1 }],
+                disks: vec![DiskArg { path, read_only }],
                 vsock: Some(self.path("vsock.sock")),
                 api: Some(self.path("api.sock")),
                 serial_log: Some(self.path("console.log")),
-                ..VmmArgs::restore(vm_dir)
+                ..start
             },
-            vcpus: manifest.vcpus,
-            memory_mib: manifest.memory_mib,
-        }
+            vcpus,
+            memory_mib,
+        })
     }
 
-    async fn create_inner(
+    /// Run `create` (which registers container `c` and starts the VM);
+    /// when it fails, drop what it left (all of the state directory if no
+    /// VM runs).
+    async fn creating(
         &self,
-        cfg: &Config,
         c: &ContainerConfig,
-        vm_slot: &mut Option<Vm>,
+        create: impl std::future::Future<Output = Result<u32>>,
     ) -> Result<u32> {
-        self.require_no_container(vm_slot, "a second container would need disk hotplug")?;
+        let r = create.await;
+        if r.is_ok() {
+            self.started(&c.spec);
+        } else {
+            self.drop_container_files(&c.id);
+            if matches!(self.vm.phase(), Phase::Empty | Phase::Gone(_)) {
+                cleanup_state(&self.dir);
+            }
+        }
+        r
+    }
+
+    async fn create_inner(&self, cfg: &Config, c: &ContainerConfig) -> Result<u32> {
         std::fs::create_dir_all(&self.dir)
             .map_err(|e| SandboxError::Internal(format!("creating {}: {e}", self.dir.display())))?;
+        self.check_socket_paths()?;
+        if !cfg.kernel.is_file() {
+            return Err(SandboxError::FailedPrecondition(format!(
+                "guest kernel {} is missing: run `burrow install` or set `kernel` in {}",
+                cfg.kernel.display(),
+                crate::config::DEFAULT_PATH
+            )));
+        }
         let (guest_spec, stripped) = spec::for_guest(&c.spec);
         if !stripped.items.is_empty() {
             tracing::info!(
@@ -402,18 +294,14 @@ impl VmSandbox {
             cfg.rootfs_slack_mib,
         )
         .await?;
-        self.containers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(
-                c.id.clone(),
-                ContainerRes {
-                    rootfs: rootfs.clone(),
-                    guest_id: c.id.clone(),
-                    guest_spec: guest_spec.clone(),
-                },
-            );
-        let vm = self.boot(cfg, &c.spec, &rootfs).await?;
+        self.registry().insert(
+            c.id.clone(),
+            Contents {
+                rootfs: rootfs.clone(),
+                guest_id: c.id.clone(),
+                spec: guest_spec,
+            },
+        );
         let read_only = rootfs.read_only
             || c.spec
                 .get("root")
@@ -427,90 +315,55 @@ impl VmSandbox {
             writable_overlay: false,
             ..Default::default()
         };
-        let pid = match vm
-            .agent
-            .create_container(&c.id, &spec_json, guest_rootfs, c.stdin)
+        let size = spec::vm_size(&c.spec, cfg);
+        let args = self.vmm_args(
+            cfg,
+            (rootfs.disk.clone(), rootfs.read_only),
+            (size.vcpus, size.memory_mib),
+            None,
+        )?;
+        tracing::info!(
+            "booting VM: {} vCPUs, {} MiB, {}",
+            size.vcpus,
+            size.memory_mib,
+            args.describe()
+        );
+        self.vm
+            .start(args, |agent| async move {
+                agent
+                    .create_container(&c.id, &spec_json, guest_rootfs, c.stdin)
+                    .await
+            })
             .await
-        {
-            Ok(pid) => pid,
-            Err(e) => {
-                let mut vm = vm;
-                vm.vmm.kill().await;
-                return Err(e);
-            }
-        };
-        *self.exited.lock().unwrap_or_else(|p| p.into_inner()) = Some(vm.vmm.exited());
-        *self.agent.lock().unwrap_or_else(|p| p.into_inner()) = Some(vm.agent.clone());
-        *vm_slot = Some(vm);
-        Ok(pid)
     }
 
-    /// The id the guest's agent knows container `id` by.
-    fn gid(&self, id: &str) -> String {
-        self.containers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(id)
-            .map_or_else(|| id.to_string(), |c| c.guest_id.clone())
-    }
-
-    async fn restore_inner(
-        &self,
-        cfg: &Config,
-        c: &ContainerConfig,
-        dir: &Path,
-        vm_slot: &mut Option<Vm>,
-    ) -> Result<u32> {
-        self.require_no_container(vm_slot, "cannot restore into a sandbox that has one")?;
+    async fn restore_inner(&self, cfg: &Config, c: &ContainerConfig, dir: &Path) -> Result<u32> {
         let manifest = snapshot::read_manifest(dir)?;
         self.check_socket_paths()?;
         std::fs::create_dir_all(&self.dir)
             .map_err(|e| SandboxError::Internal(format!("creating {}: {e}", self.dir.display())))?;
-        // The memory snapshot matches this disk, so the VM gets its own
-        // copy of it (the checkpoint stays usable for more restores).
         let img = self.path(&format!("{}.rootfs.img", c.id));
-        let rootfs = GuestRootfs {
-            disk: img.clone(),
-            read_only: manifest.rootfs_read_only,
-            fstype: manifest.rootfs_fstype.clone(),
-            image: Some(img.clone()),
-        };
-        self.containers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(
-                c.id.clone(),
-                ContainerRes {
-                    rootfs,
-                    guest_id: manifest.container_id.clone(),
-                    guest_spec: manifest.spec.clone(),
+        self.registry().insert(
+            c.id.clone(),
+            Contents {
+                rootfs: GuestRootfs {
+                    disk: img.clone(),
+                    read_only: manifest.rootfs_read_only,
+                    fstype: manifest.rootfs_fstype.clone(),
+                    image: Some(img.clone()),
                 },
-            );
-        // A packed checkpoint (from containerd) is unpacked into the state
-        // dir; the VMM maps the memory file privately, so it goes once the
-        // VM runs.
+                guest_id: manifest.container_id.clone(),
+                spec: manifest.spec.clone(),
+            },
+        );
         let unpacked = self.path("restore-vm");
-        let vm_dir = if manifest.packed {
-            let from = snapshot::vm_dir(dir);
-            let _ = std::fs::remove_dir_all(&unpacked);
-            std::fs::create_dir_all(&unpacked)
-                .and_then(|()| std::fs::copy(from.join("state"), unpacked.join("state")))
-                .map_err(|e| {
-                    SandboxError::Internal(format!("copying the VM state to {}: {e}", unpacked.display()))
-                })?;
-            let memory = (
-                from.join(snapshot::packed(snapshot::MEMORY)),
-                unpacked.join(snapshot::MEMORY),
-            );
-            sparse_job("unpacking", memory.0, memory.1, sparse::unpack).await?;
-            let disk = dir.join(snapshot::packed(snapshot::ROOTFS));
-            sparse_job("unpacking", disk, img.clone(), sparse::unpack).await?;
-            unpacked.clone()
-        } else {
-            snapshot::copy_disk(&dir.join(snapshot::ROOTFS), &img).await?;
-            snapshot::vm_dir(dir)
-        };
-        let args = self.restore_args(cfg, &manifest, (img, manifest.rootfs_read_only), vm_dir);
+        let vm_dir = checkpoint::prepare_restore(dir, &manifest, &img, &unpacked).await?;
+        let args = self.vmm_args(
+            cfg,
+            (img, manifest.rootfs_read_only),
+            (manifest.vcpus, manifest.memory_mib),
+            Some(vm_dir),
+        )?;
         tracing::info!(
             "{}: restoring container {} from {}: {}",
             c.id,
@@ -518,64 +371,26 @@ impl VmSandbox {
             dir.display(),
             args.describe()
         );
+        let guest_id = &manifest.container_id;
         let r = self
-            .launch_restored(cfg, &args, &manifest.container_id, vm_slot)
+            .vm
+            .start(args, |agent| async move {
+                let procs = agent.processes(guest_id).await?;
+                procs
+                    .iter()
+                    .find(|p| p.exec_id.is_empty())
+                    .map(|p| p.pid)
+                    .ok_or_else(|| {
+                        SandboxError::FailedPrecondition(format!(
+                            "the restored guest has no init process for container {guest_id}"
+                        ))
+                    })
+            })
             .await;
         if manifest.packed {
             let _ = std::fs::remove_dir_all(&unpacked);
         }
         r
-    }
-
-    /// Start burrow-vmm with restore `args`, bring the guest up to date
-    /// ([`after_restore`](Self::after_restore)) and make it this sandbox's
-    /// VM; returns the pid of container `guest_id`'s init.
-    async fn launch_restored(
-        &self,
-        cfg: &Config,
-        args: &VmmLaunch,
-        guest_id: &str,
-        vm_slot: &mut Option<Vm>,
-    ) -> Result<u32> {
-        let mut vm = self.launch(cfg, args).await?;
-        let pid = match self.after_restore(&vm.agent, guest_id).await {
-            Ok(pid) => pid,
-            Err(e) => {
-                vm.vmm.kill().await;
-                return Err(e);
-            }
-        };
-        *self.exited.lock().unwrap_or_else(|p| p.into_inner()) = Some(vm.vmm.exited());
-        *self.agent.lock().unwrap_or_else(|p| p.into_inner()) = Some(vm.agent.clone());
-        *vm_slot = Some(vm);
-        Ok(pid)
-    }
-
-    /// A restored guest continues with the clock and RNG state of the
-    /// snapshot: step the clock, reseed, and find the container's init.
-    async fn after_restore(&self, agent: &Agent, guest_id: &str) -> Result<u32> {
-        agent.set_time_now().await?;
-        agent.add_entropy().await?;
-        let procs = agent.processes(guest_id).await?;
-        procs
-            .iter()
-            .find(|p| p.exec_id.is_empty())
-            .map(|p| p.pid)
-            .ok_or_else(|| {
-                SandboxError::FailedPrecondition(format!(
-                    "the restored guest has no init process for container {guest_id}"
-                ))
-            })
-    }
-
-    async fn checkpoint_inner(&self, dir: &Path, packed: bool) -> Result<()> {
-        self.wake().await?;
-        let vm = self.vm.lock().await;
-        let vm = vm
-            .as_ref()
-            .ok_or_else(|| SandboxError::FailedPrecondition("the VM is not running".into()))?;
-        self.write_snapshot(vm, dir, SnapshotKind::Checkpoint { packed })
-            .await
     }
 
     /// Write a checkpoint into `dir` (packed for containerd, or plain), then
@@ -586,148 +401,25 @@ impl VmSandbox {
         after: AfterCheckpoint,
         packed: bool,
     ) -> Result<()> {
-        let r = self.checkpoint_inner(dir, packed).await;
-        if r.is_err() {
-            for name in [
-                snapshot::VM_DIR.to_string(),
-                snapshot::ROOTFS.to_string(),
-                snapshot::packed(snapshot::ROOTFS),
-                snapshot::MANIFEST.to_string(),
-            ] {
-                let p = dir.join(name);
-                let _ = std::fs::remove_dir_all(&p).or_else(|_| std::fs::remove_file(&p));
-            }
+        let r = async {
+            let c = self.the_container()?;
+            self.vm
+                .checkpoint(&snapshot::vm_dir(dir), after, |info| {
+                    checkpoint::complete(dir, &c, info, packed)
+                })
+                .await
         }
-        // The VMM leaves the VM paused after a snapshot (and after most
-        // failures).
-        match after {
-            AfterCheckpoint::StayPaused => {}
-            AfterCheckpoint::Resume => {
-                let vm = self.vm.lock().await;
-                if let Some(vm) = vm.as_ref() {
-                    if let Err(e) = vm.vmm.resume().await {
-                        tracing::error!("resuming the VM after a checkpoint: {e}");
-                        if r.is_ok() {
-                            return Err(e);
-                        }
-                    }
-                }
-            }
-            AfterCheckpoint::Exit => {
-                if r.is_ok() {
-                    self.exited_by_checkpoint
-                        .store(true, std::sync::atomic::Ordering::SeqCst);
-                    self.stop_vm().await;
-                }
-            }
+        .await;
+        if r.is_err() {
+            checkpoint::remove_partial(dir);
         }
         r
     }
 
-    /// Snapshot the VM (left paused) into `dir` with a manifest (see
-    /// [`SnapshotKind`]).
-    async fn write_snapshot(&self, vm: &Vm, dir: &Path, kind: SnapshotKind<'_>) -> Result<()> {
-        let (id, guest_id, rootfs, spec) = {
-            let cs = self.containers.lock().unwrap_or_else(|p| p.into_inner());
-            let (id, c) = cs.iter().next().ok_or_else(|| {
-                SandboxError::FailedPrecondition("the sandbox has no container".into())
-            })?;
-            (
-                id.clone(),
-                c.guest_id.clone(),
-                c.rootfs.clone(),
-                c.guest_spec.clone(),
-            )
-        };
-        std::fs::create_dir_all(dir)
-            .map_err(|e| SandboxError::Internal(format!("creating {}: {e}", dir.display())))?;
-        let (vm_name, incremental, packed) = match kind {
-            SnapshotKind::Checkpoint { packed } => (None, false, packed),
-            SnapshotKind::Hibernation { name, incremental } => (Some(name), incremental, false),
-        };
-        let vm_dir = dir.join(vm_name.unwrap_or(snapshot::VM_DIR));
-        let started = std::time::Instant::now();
-        // Any snapshot moves the base the VMM's next incremental one is
-        // taken against: the chain holds only when hibernation renews it.
-        *self
-            .hibernation_chain
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = None;
-        let info = vm.vmm.snapshot(&vm_dir, incremental).await?;
-        // The VM is paused now, so the disk matches the memory snapshot.
-        if packed {
-            let memory = vm_dir.join(snapshot::MEMORY);
-            let jobs = [
-                (memory.clone(), vm_dir.join(snapshot::packed(snapshot::MEMORY))),
-                (rootfs.disk.clone(), dir.join(snapshot::packed(snapshot::ROOTFS))),
-            ];
-            for (from, to) in jobs {
-                sparse_job("packing", from, to, sparse::pack).await?;
-            }
-            std::fs::remove_file(&memory).map_err(|e| {
-                SandboxError::Internal(format!("removing {}: {e}", memory.display()))
-            })?;
-        } else if matches!(kind, SnapshotKind::Checkpoint { .. }) {
-            snapshot::copy_disk(&rootfs.disk, &dir.join(snapshot::ROOTFS)).await?;
-        }
-        snapshot::write_manifest(
-            dir,
-            &snapshot::Manifest {
-                kind: snapshot::KIND.into(),
-                format_version: snapshot::FORMAT_VERSION,
-                container_id: guest_id,
-                vcpus: vm.vcpus,
-                memory_mib: vm.memory_mib,
-                rootfs_fstype: rootfs.fstype.clone(),
-                rootfs_read_only: rootfs.read_only,
-                created_unix: std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_secs()),
-                spec,
-                vm: vm_name.map(String::from),
-                packed,
-            },
-        )?;
-        tracing::info!(
-            "{id}: snapshot written to {} in {} ms: {} memory pages, {} bytes of state, VMM took {} ms",
-            vm_dir.display(),
-            started.elapsed().as_millis(),
-            info.memory_pages,
-            info.state_bytes,
-            info.took_ms
-        );
-        Ok(())
-    }
-
     fn drop_container_files(&self, id: &str) {
-        let res = self
-            .containers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(id);
+        let res = self.registry().remove(id);
         if let Some(img) = res.and_then(|r| r.rootfs.image) {
             let _ = std::fs::remove_file(img);
-        }
-    }
-
-    async fn stop_vm(&self) {
-        let vm = self.vm.lock().await.take();
-        self.forget_hibernation();
-        *self.agent.lock().unwrap_or_else(|p| p.into_inner()) = None;
-        if let Some(mut vm) = vm {
-            if vm.vmm.exit_reason().is_none() {
-                if let Err(e) = vm.vmm.stop().await {
-                    tracing::debug!("stopping the VM through its API: {e}");
-                }
-                let mut rx = vm.vmm.exited();
-                if tokio::time::timeout(Duration::from_secs(3), rx.wait_for(Option::is_some))
-                    .await
-                    .is_err()
-                {
-                    tracing::warn!("burrow-vmm did not stop; killing it");
-                }
-            }
-            vm.vmm.kill().await;
         }
     }
 }
@@ -736,34 +428,14 @@ impl VmSandbox {
 impl Sandbox for VmSandbox {
     async fn create_container(&self, c: &ContainerConfig) -> Result<u32> {
         let cfg = self.cfg()?.clone();
-        let mut slot = self.vm.lock().await;
-        let r = self.create_inner(&cfg, c, &mut slot).await;
-        drop(slot);
-        match &r {
-            Ok(_) => self.started(&c.spec),
-            Err(_) if self.vm.lock().await.is_none() => {
-                self.drop_container_files(&c.id);
-                cleanup_state(&self.dir);
-            }
-            Err(_) => {}
-        }
-        r
+        self.require_no_container("a second container would need disk hotplug")?;
+        self.creating(c, self.create_inner(&cfg, c)).await
     }
 
     async fn restore_container(&self, c: &ContainerConfig, dir: &Path) -> Result<u32> {
         let cfg = self.cfg()?.clone();
-        let mut slot = self.vm.lock().await;
-        let r = self.restore_inner(&cfg, c, dir, &mut slot).await;
-        drop(slot);
-        match &r {
-            Ok(_) => self.started(&c.spec),
-            Err(_) if self.vm.lock().await.is_none() => {
-                self.drop_container_files(&c.id);
-                cleanup_state(&self.dir);
-            }
-            Err(_) => {}
-        }
-        r
+        self.require_no_container("cannot restore into a sandbox that has one")?;
+        self.creating(c, self.restore_inner(&cfg, c, dir)).await
     }
 
     fn named_checkpoint(&self, name: &str) -> Result<PathBuf> {
@@ -783,21 +455,17 @@ impl Sandbox for VmSandbox {
     }
 
     async fn delete_container(&self, id: &str) -> Result<()> {
-        if let Ok(agent) = self.agent() {
-            match agent.delete_container(&self.gid(id)).await {
+        // An asleep VM is not woken for this: it is stopped below.
+        if let Some(h) = self.vm.phase().handle() {
+            match h.agent.delete_container(&self.gid(id)).await {
                 Ok(()) | Err(SandboxError::NotFound(_)) | Err(SandboxError::Unavailable(_)) => {}
                 Err(e) => tracing::warn!("{id}: agent DeleteContainer: {e}"),
             }
         }
         self.drop_container_files(id);
         // One container per VM: the VM goes with it.
-        if self
-            .containers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_empty()
-        {
-            self.stop_vm().await;
+        if self.registry().is_empty() {
+            self.vm.stop(Gone::Stopped).await;
         }
         Ok(())
     }
@@ -828,18 +496,15 @@ impl Sandbox for VmSandbox {
     async fn wait(&self, id: &str, exec_id: &str) -> Result<ExitStatus> {
         let gid = &self.gid(id);
         let r = self
-            .across_hibernation(
+            .vm
+            .across_sleep(
                 || format!("{id}/{exec_id}: wait"),
                 |agent| async move { agent.wait(gid, exec_id).await },
             )
             .await;
         match r {
             // Reported like runc's: killed (137), not lost (255).
-            Err(_)
-                if self
-                    .exited_by_checkpoint
-                    .load(std::sync::atomic::Ordering::SeqCst) =>
-            {
+            Err(_) if matches!(self.vm.phase(), Phase::Gone(Gone::Checkpointed)) => {
                 Ok(ExitStatus::Signal(9))
             }
             r => r,
@@ -855,7 +520,8 @@ impl Sandbox for VmSandbox {
     ) -> Result<Chunk> {
         let gid = &self.gid(id);
         let chunk = self
-            .across_hibernation(
+            .vm
+            .across_sleep(
                 || format!("{id}/{exec_id}: read"),
                 |agent| async move { agent.read(gid, exec_id, stream, max).await },
             )
@@ -867,11 +533,12 @@ impl Sandbox for VmSandbox {
     }
 
     async fn wait_oom(&self, seen: u64) -> Result<u64> {
-        self.across_hibernation(
-            || "OOM watch".to_string(),
-            |agent| async move { agent.wait_oom_kill(seen).await },
-        )
-        .await
+        self.vm
+            .across_sleep(
+                || "OOM watch".to_string(),
+                |agent| async move { agent.wait_oom_kill(seen).await },
+            )
+            .await
     }
 
     async fn oom_kills(&self) -> Result<u64> {
@@ -904,58 +571,40 @@ impl Sandbox for VmSandbox {
     }
 
     async fn pause(&self) -> Result<()> {
-        self.wake().await?;
-        let vm = self.vm.lock().await;
-        let vm = vm
-            .as_ref()
-            .ok_or_else(|| SandboxError::FailedPrecondition("the VM is not running".into()))?;
-        vm.vmm.pause().await?;
-        self.paused.store(true, std::sync::atomic::Ordering::SeqCst);
-        Ok(())
+        self.vm.pause().await
     }
 
     async fn resume(&self) -> Result<()> {
-        let vm = self.vm.lock().await;
-        let vm = vm
-            .as_ref()
-            .ok_or_else(|| SandboxError::FailedPrecondition("the VM is not running".into()))?;
-        vm.vmm.resume().await?;
-        self.paused
-            .store(false, std::sync::atomic::Ordering::SeqCst);
+        self.vm.resume().await?;
         self.touch();
         Ok(())
     }
 
     async fn stats(&self) -> Result<SandboxStats> {
-        if self.is_asleep() {
+        match self.vm.settled().await? {
             // Hibernated: no process, no guest RAM on the host.
-            return Ok(SandboxStats::default());
+            Phase::Asleep(_) => Ok(SandboxStats::default()),
+            phase => {
+                let h = phase.handle().ok_or_else(|| {
+                    SandboxError::FailedPrecondition("the VM is not running".into())
+                })?;
+                let (cpu, rss) = vmm::process_usage(h.pid);
+                Ok(SandboxStats {
+                    cpu_usage_usec: cpu,
+                    memory_bytes: rss,
+                    memory_limit_bytes: h.memory_mib.saturating_mul(1 << 20),
+                    pids: 1,
+                })
+            }
         }
-        let vm = self.vm.lock().await;
-        let vm = vm
-            .as_ref()
-            .ok_or_else(|| SandboxError::FailedPrecondition("the VM is not running".into()))?;
-        let (cpu, rss) = vmm::process_usage(vm.vmm.pid);
-        Ok(SandboxStats {
-            cpu_usage_usec: cpu,
-            memory_bytes: rss,
-            memory_limit_bytes: vm.memory_mib.saturating_mul(1 << 20),
-            pids: 1,
-        })
     }
 
     async fn shutdown(&self) -> Result<()> {
-        let ids: Vec<String> = self
-            .containers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .keys()
-            .cloned()
-            .collect();
+        let ids: Vec<String> = self.registry().keys().cloned().collect();
         for id in ids {
             self.drop_container_files(&id);
         }
-        self.stop_vm().await;
+        self.vm.stop(Gone::Stopped).await;
         cleanup_state(&self.dir);
         Ok(())
     }

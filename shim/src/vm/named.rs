@@ -61,7 +61,7 @@ impl VmSandbox {
                 )))
             }
         }
-        let after = if self.paused.load(std::sync::atomic::Ordering::SeqCst) {
+        let after = if matches!(self.vm.phase(), super::lifecycle::Phase::Paused(_)) {
             AfterCheckpoint::StayPaused
         } else {
             AfterCheckpoint::Resume
@@ -86,7 +86,17 @@ mod tests {
             assert!(valid_name(ok), "{ok}");
         }
         let long = "x".repeat(MAX_NAME + 1);
-        for bad in ["", ".", "..", "a/b", "../x", "/abs", "a b", "a\0b", long.as_str()] {
+        for bad in [
+            "",
+            ".",
+            "..",
+            "a/b",
+            "../x",
+            "/abs",
+            "a b",
+            "a\0b",
+            long.as_str(),
+        ] {
             assert!(!valid_name(bad), "{bad:?}");
         }
     }

@@ -1,0 +1,543 @@
+//! Refused requests and the remaining RPCs (resize, update, stats,
+//! checkpoint, connect, shutdown, every RPC implemented).
+
+use super::*;
+
+#[tokio::test]
+async fn bad_requests_leave_nothing_behind() {
+    let h = H::new();
+    // Malformed spec.
+    let b = h.path("bad");
+    std::fs::create_dir_all(&b).expect("dir");
+    std::fs::write(b.join("config.json"), r#"{"process": {"args": "sh"}}"#).expect("write");
+    let req = api::CreateTaskRequest {
+        id: "bad".into(),
+        bundle: b.display().to_string(),
+        ..Default::default()
+    };
+    let err = h.svc.create(&ctx(), req).await.expect_err("malformed spec");
+    assert_eq!(code(&err), Code::INVALID_ARGUMENT);
+    assert!(message(&err).contains("process.args"), "{}", message(&err));
+    // Bad ids, unsupported stdio, checkpoints.
+    let bundle = h.bundle("ids", &["true"]);
+    for id in ["", "..", "a/b", &"x".repeat(300)] {
+        let req = api::CreateTaskRequest {
+            id: id.into(),
+            bundle: bundle.clone(),
+            ..Default::default()
+        };
+        let err = h.svc.create(&ctx(), req).await.expect_err("bad id");
+        assert_eq!(code(&err), Code::INVALID_ARGUMENT, "{id:?}");
+    }
+    let err = h
+        .create("c", &["true"], "binary:///usr/bin/logger", "", false)
+        .await
+        .expect_err("binary log");
+    assert_eq!(code(&err), Code::INVALID_ARGUMENT);
+    let req = api::CreateTaskRequest {
+        id: "cp".into(),
+        bundle: h.bundle("cp", &["true"]),
+        checkpoint: "/tmp/cp".into(),
+        ..Default::default()
+    };
+    assert_eq!(
+        code(&h.svc.create(&ctx(), req).await.expect_err("restore")),
+        Code::UNIMPLEMENTED
+    );
+    assert!(h.sb.calls().is_empty(), "{:?}", h.sb.calls());
+    assert_eq!(h.svc.container_count(), 0);
+    assert!(h.ev.topics().is_empty());
+    // Duplicate ids.
+    h.create("c", &["sleep"], "", "", false)
+        .await
+        .expect("create");
+    assert_eq!(
+        code(
+            &h.create("c", &["sleep"], "", "", false)
+                .await
+                .expect_err("dup")
+        ),
+        Code::ALREADY_EXISTS
+    );
+    // Malformed exec spec.
+    h.start("c", "").await.expect("start");
+    let req = api::ExecProcessRequest {
+        id: "c".into(),
+        exec_id: "e".into(),
+        spec: MessageField::some(Any {
+            value: b"{nope".to_vec(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    assert_eq!(
+        code(&h.svc.exec(&ctx(), req).await.expect_err("bad exec")),
+        Code::INVALID_ARGUMENT
+    );
+}
+
+#[tokio::test]
+async fn terminal_resize() {
+    let h = H::new();
+    h.create("plain", &["sleep"], "", "", false)
+        .await
+        .expect("create");
+    h.start("plain", "").await.expect("start");
+    let req = api::ResizePtyRequest {
+        id: "plain".into(),
+        width: 80,
+        height: 24,
+        ..Default::default()
+    };
+    assert_eq!(
+        code(&h.svc.resize_pty(&ctx(), req).await.expect_err("no tty")),
+        Code::FAILED_PRECONDITION
+    );
+    h.create("tty", &["sleep"], "", "", true)
+        .await
+        .expect("create");
+    h.start("tty", "").await.expect("start");
+    let req = api::ResizePtyRequest {
+        id: "tty".into(),
+        width: 100,
+        height: 30,
+        ..Default::default()
+    };
+    h.svc.resize_pty(&ctx(), req).await.expect("resize");
+    assert!(
+        h.sb.calls().iter().any(|c| c == "resize 30x100 tty/"),
+        "{:?}",
+        h.sb.calls()
+    );
+    h.exec("tty", "t", &["sleep"], "", true)
+        .await
+        .expect("exec");
+    h.start("tty", "t").await.expect("start exec");
+    let req = api::ResizePtyRequest {
+        id: "tty".into(),
+        exec_id: "t".into(),
+        width: 10,
+        height: 5,
+        ..Default::default()
+    };
+    h.svc.resize_pty(&ctx(), req).await.expect("resize exec");
+}
+
+#[tokio::test]
+async fn update_stats_checkpoint_connect() {
+    let h = H::new();
+    let pid = h
+        .create("c", &["sleep"], "", "", false)
+        .await
+        .expect("create");
+    h.start("c", "").await.expect("start");
+    let req = api::UpdateTaskRequest {
+        id: "c".into(),
+        resources: MessageField::some(Any {
+            value: b"{}".to_vec(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let err = h
+        .svc
+        .update(&ctx(), req)
+        .await
+        .expect_err("update resources");
+    assert_eq!(code(&err), Code::UNIMPLEMENTED);
+    assert!(message(&err).contains("fixed when it boots"));
+    let mut ann = HashMap::new();
+    ann.insert("a".to_string(), "b".to_string());
+    h.svc
+        .update(
+            &ctx(),
+            api::UpdateTaskRequest {
+                id: "c".into(),
+                annotations: ann,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("update annotations");
+
+    let s = h
+        .svc
+        .stats(
+            &ctx(),
+            api::StatsRequest {
+                id: "c".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("stats");
+    assert_eq!(s.stats.type_url, "io.containerd.cgroups.v2.Metrics");
+
+    let err = h
+        .svc
+        .checkpoint(
+            &ctx(),
+            api::CheckpointTaskRequest {
+                id: "c".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect_err("checkpoint without a path");
+    assert_eq!(code(&err), Code::INVALID_ARGUMENT);
+    assert!(message(&err).contains("path"));
+    // The fake sandbox cannot checkpoint: its refusal comes through.
+    let err = h
+        .svc
+        .checkpoint(
+            &ctx(),
+            api::CheckpointTaskRequest {
+                id: "c".into(),
+                path: "/tmp/cp".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect_err("checkpoint");
+    assert_eq!(code(&err), Code::UNIMPLEMENTED);
+
+    let c = h
+        .svc
+        .connect(
+            &ctx(),
+            api::ConnectRequest {
+                id: "c".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("connect");
+    assert_eq!(c.shim_pid, std::process::id());
+    assert_eq!(c.task_pid, pid);
+}
+
+#[tokio::test]
+async fn checkpoint_options_say_whether_the_task_exits() {
+    use containerd_shim::protos::protobuf::Message;
+    use containerd_shim::protos::shim::oci::CheckpointOptions;
+    let h = H::new();
+    h.sb.allow_restore();
+    let out = file_uri(&h.path("out"));
+    h.create("c", &["sleep"], &out, "", false)
+        .await
+        .expect("create");
+    h.start("c", "").await.expect("start");
+    let options = |url: &str, exit: bool| Any {
+        type_url: url.into(),
+        value: CheckpointOptions {
+            exit,
+            open_tcp: true,
+            ..Default::default()
+        }
+        .write_to_bytes()
+        .expect("encode"),
+        ..Default::default()
+    };
+    let c = ctx();
+    let checkpoint = |options: Option<Any>| {
+        h.svc.checkpoint(
+            &c,
+            api::CheckpointTaskRequest {
+                id: "c".into(),
+                path: "/tmp/cp".into(),
+                options: options.into(),
+                ..Default::default()
+            },
+        )
+    };
+    // containerd 1.6 names the type bare; newer ones with the usual prefix.
+    checkpoint(Some(options("containerd.runc.v1.CheckpointOptions", true)))
+        .await
+        .expect("checkpoint --exit");
+    checkpoint(Some(options(
+        "type.googleapis.com/containerd.runc.v1.CheckpointOptions",
+        false,
+    )))
+    .await
+    .expect("checkpoint");
+    checkpoint(None).await.expect("checkpoint without options");
+    let err = checkpoint(Some(options("example.Other", true)))
+        .await
+        .expect_err("foreign options");
+    assert_eq!(code(&err), Code::INVALID_ARGUMENT);
+    let err = checkpoint(Some(Any {
+        type_url: "containerd.runc.v1.CheckpointOptions".into(),
+        value: vec![0x08],
+        ..Default::default()
+    }))
+    .await
+    .expect_err("truncated options");
+    assert_eq!(code(&err), Code::INVALID_ARGUMENT);
+    let done: Vec<String> =
+        h.sb.calls()
+            .into_iter()
+            .filter(|c| c.starts_with("checkpoint"))
+            .collect();
+    assert_eq!(
+        done,
+        [
+            "checkpoint to /tmp/cp then Exit",
+            "checkpoint to /tmp/cp then Resume",
+            "checkpoint to /tmp/cp then Resume",
+        ]
+    );
+}
+
+#[tokio::test]
+async fn shutdown_waits_for_the_last_container() {
+    let h = H::new();
+    h.create("c", &["exit", "0"], "", "", false)
+        .await
+        .expect("create");
+    h.svc
+        .shutdown(&ctx(), api::ShutdownRequest::default())
+        .await
+        .expect("shutdown");
+    assert!(!h.sb.is_shut_down());
+    h.start("c", "").await.expect("start");
+    h.wait("c", "").await;
+    h.delete("c", "").await.expect("delete");
+    h.svc
+        .shutdown(&ctx(), api::ShutdownRequest::default())
+        .await
+        .expect("shutdown");
+    assert!(h.sb.is_shut_down());
+    tokio::time::timeout(Duration::from_secs(1), h.exit.wait())
+        .await
+        .expect("exit signalled");
+}
+
+#[tokio::test]
+async fn delete_of_a_never_started_task() {
+    let h = H::new();
+    let pid = h
+        .create("c", &["sleep"], "", "", false)
+        .await
+        .expect("create");
+    let d = h.delete("c", "").await.expect("delete");
+    assert_eq!(d.pid, pid);
+    assert!(h.sb.containers().is_empty());
+}
+
+/// No RPC may answer with the generated default ("... is not supported").
+#[tokio::test]
+async fn every_rpc_is_implemented() {
+    let h = H::new();
+    let c = ctx();
+    let s = &h.svc;
+    let id = || "missing".to_string();
+    let results: Vec<(&str, Result<(), ttrpc::Error>)> = vec![
+        (
+            "state",
+            s.state(
+                &c,
+                api::StateRequest {
+                    id: id(),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map(drop),
+        ),
+        (
+            "create",
+            s.create(
+                &c,
+                api::CreateTaskRequest {
+                    id: id(),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map(drop),
+        ),
+        (
+            "start",
+            s.start(
+                &c,
+                api::StartRequest {
+                    id: id(),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map(drop),
+        ),
+        (
+            "delete",
+            s.delete(
+                &c,
+                api::DeleteRequest {
+                    id: id(),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map(drop),
+        ),
+        (
+            "pids",
+            s.pids(
+                &c,
+                api::PidsRequest {
+                    id: id(),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map(drop),
+        ),
+        (
+            "pause",
+            s.pause(
+                &c,
+                api::PauseRequest {
+                    id: id(),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map(drop),
+        ),
+        (
+            "resume",
+            s.resume(
+                &c,
+                api::ResumeRequest {
+                    id: id(),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map(drop),
+        ),
+        (
+            "checkpoint",
+            s.checkpoint(
+                &c,
+                api::CheckpointTaskRequest {
+                    id: id(),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map(drop),
+        ),
+        (
+            "kill",
+            s.kill(
+                &c,
+                api::KillRequest {
+                    id: id(),
+                    signal: 9,
+                    ..Default::default()
+                },
+            )
+            .await
+            .map(drop),
+        ),
+        (
+            "exec",
+            s.exec(
+                &c,
+                api::ExecProcessRequest {
+                    id: id(),
+                    exec_id: "e".into(),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map(drop),
+        ),
+        (
+            "resize_pty",
+            s.resize_pty(
+                &c,
+                api::ResizePtyRequest {
+                    id: id(),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map(drop),
+        ),
+        (
+            "close_io",
+            s.close_io(
+                &c,
+                api::CloseIORequest {
+                    id: id(),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map(drop),
+        ),
+        (
+            "update",
+            s.update(
+                &c,
+                api::UpdateTaskRequest {
+                    id: id(),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map(drop),
+        ),
+        (
+            "wait",
+            s.wait(
+                &c,
+                api::WaitRequest {
+                    id: id(),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map(drop),
+        ),
+        (
+            "stats",
+            s.stats(
+                &c,
+                api::StatsRequest {
+                    id: id(),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map(drop),
+        ),
+        (
+            "connect",
+            s.connect(
+                &c,
+                api::ConnectRequest {
+                    id: id(),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map(drop),
+        ),
+    ];
+    for (name, r) in results {
+        if let Err(e) = r {
+            let m = message(&e);
+            assert!(
+                !m.starts_with("/containerd.task.v2.Task/"),
+                "{name} fell back to the default: {m}"
+            );
+        }
+    }
+    // Shutdown with nothing left ends the shim.
+    s.shutdown(&c, api::ShutdownRequest::default())
+        .await
+        .expect("shutdown");
+}

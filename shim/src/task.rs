@@ -1143,7 +1143,7 @@ impl Task for TaskService {
         if !self.lock().containers.contains_key(&req.id) {
             return Err(not_found(format!("container {}", req.id)));
         }
-        let s = self.inner.sandbox.stats().await?;
+        let s = self.inner.sandbox.stats(&req.id).await?;
         let metrics = v2::Metrics {
             pids: MessageField::some(v2::PidsStat {
                 current: s.pids,

@@ -491,7 +491,10 @@ impl VmSandbox {
             std::fs::create_dir_all(&unpacked)
                 .and_then(|()| std::fs::copy(from.join("state"), unpacked.join("state")))
                 .map_err(|e| {
-                    SandboxError::Internal(format!("copying the VM state to {}: {e}", unpacked.display()))
+                    SandboxError::Internal(format!(
+                        "copying the VM state to {}: {e}",
+                        unpacked.display()
+                    ))
                 })?;
             let memory = (
                 from.join(snapshot::packed(snapshot::MEMORY)),
@@ -659,8 +662,14 @@ impl VmSandbox {
         if packed {
             let memory = vm_dir.join(snapshot::MEMORY);
             let jobs = [
-                (memory.clone(), vm_dir.join(snapshot::packed(snapshot::MEMORY))),
-                (rootfs.disk.clone(), dir.join(snapshot::packed(snapshot::ROOTFS))),
+                (
+                    memory.clone(),
+                    vm_dir.join(snapshot::packed(snapshot::MEMORY)),
+                ),
+                (
+                    rootfs.disk.clone(),
+                    dir.join(snapshot::packed(snapshot::ROOTFS)),
+                ),
             ];
             for (from, to) in jobs {
                 sparse_job("packing", from, to, sparse::pack).await?;
@@ -925,22 +934,19 @@ impl Sandbox for VmSandbox {
         Ok(())
     }
 
-    async fn stats(&self) -> Result<SandboxStats> {
+    async fn stats(&self, id: &str) -> Result<SandboxStats> {
         if self.is_asleep() {
-            // Hibernated: no process, no guest RAM on the host.
+            // Hibernated: no guest runs to count anything.
             return Ok(SandboxStats::default());
         }
-        let vm = self.vm.lock().await;
-        let vm = vm
-            .as_ref()
-            .ok_or_else(|| SandboxError::FailedPrecondition("the VM is not running".into()))?;
-        let (cpu, rss) = vmm::process_usage(vm.vmm.pid);
-        Ok(SandboxStats {
-            cpu_usage_usec: cpu,
-            memory_bytes: rss,
-            memory_limit_bytes: vm.memory_mib.saturating_mul(1 << 20),
-            pids: 1,
-        })
+        if self.paused.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(SandboxError::FailedPrecondition(
+                "the VM is paused: its guest reports its resource use once resumed".into(),
+            ));
+        }
+        // Neither wakes the VM nor counts as activity: polling stats must
+        // not keep a sandbox from hibernating when idle.
+        self.agent()?.stats(&self.gid(id)).await
     }
 
     async fn shutdown(&self) -> Result<()> {

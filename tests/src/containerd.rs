@@ -250,8 +250,13 @@ impl Containerd {
 
     /// Start `ctr ARGS` in the background (stdout/stderr piped).
     pub fn spawn_ctr(&self, args: &[&str]) -> Child {
+        self.spawn_ctr_with(args, Stdio::null())
+    }
+
+    /// Start `ctr ARGS` in the background with `stdin` (stdout/stderr piped).
+    pub fn spawn_ctr_with(&self, args: &[&str], stdin: Stdio) -> Child {
         self.command(args)
-            .stdin(Stdio::null())
+            .stdin(stdin)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

@@ -19,13 +19,19 @@ use std::time::{Duration, Instant};
 
 use burrow_tests::containerd::{wait_output, Containerd};
 
-/// Nested guests boot slowly (QEMU TCG): allow minutes, assert no timings.
-const LONG: Duration = Duration::from_secs(900);
+/// Nested guests boot slowly (QEMU TCG): allow minutes (a container starts
+/// in about 15 s there), assert no timings.
+const LONG: Duration = Duration::from_secs(300);
 const CLEAN: Duration = Duration::from_secs(60);
 const MIB: u64 = 1 << 20;
 
 const BURROW_CONFIG: &str =
     "agent_timeout_secs = 60\nboot_timeout_secs = 900\n[memory_mib]\ndefault = 256\n";
+
+/// Progress on stderr (seen with --nocapture in the test host's log).
+fn step(what: &str) {
+    eprintln!("shim_task_api: {what}");
+}
 
 fn containerd(name: &str) -> Containerd {
     Containerd::start(name, BURROW_CONFIG)
@@ -37,6 +43,7 @@ fn run<'a>(flags: &[&'a str], id: &'a str, cmd: &[&'a str]) -> Vec<&'a str> {
 
 /// `ctr run -d` with `flags`, and wait until the task runs.
 fn run_detached(c: &Containerd, flags: &[&str], id: &str, cmd: &[&str]) {
+    step(&format!("start {id}"));
     let r = c.ctr(&run(flags, id, cmd));
     assert_eq!(r.code, Some(0), "run {id}: {r:?}\n{}", c.diagnostics());
     c.wait_status(id, "RUNNING", LONG);
@@ -107,6 +114,7 @@ fn metrics_are_the_guests_and_update_is_refused_clearly() {
     let id = "t-stats";
     run_detached(&c, &[], id, &["sleep", "100000"]);
 
+    step("metrics at start");
     let m0 = metrics(&c, id);
     assert_eq!(
         m0.pids,
@@ -120,6 +128,7 @@ fn metrics_are_the_guests_and_update_is_refused_clearly() {
         "memory use within the 256 MiB VM: {m0:?}"
     );
 
+    step("fill 48 MiB of /dev/shm");
     // 48 MiB into the container's /dev/shm (tmpfs: guest memory that
     // cannot be reclaimed while the file exists).
     let out = exec(
@@ -139,6 +148,7 @@ fn metrics_are_the_guests_and_update_is_refused_clearly() {
         "memory use must grow by the 48 MiB the container holds: before {m0:?}, after {m1:?}"
     );
 
+    step("three background processes");
     // Three more processes, detached from the exec's stdio.
     exec(
         &c,
@@ -158,6 +168,7 @@ fn metrics_are_the_guests_and_update_is_refused_clearly() {
         c.diagnostics()
     );
 
+    step("busy loop");
     // Three seconds of busy loop.
     exec(
         &c,
@@ -177,6 +188,7 @@ fn metrics_are_the_guests_and_update_is_refused_clearly() {
 
     // Update: a VM's memory and vCPUs are fixed at boot, and burrow says so
     // (shim/README.md) instead of pretending the limit was applied.
+    step("ctr task update");
     for flags in [
         &["--memory-limit", "134217728"][..],
         &["--cpu-quota", "50000", "--cpu-period", "100000"][..],
@@ -283,11 +295,19 @@ impl TerminalCtr {
     }
 
     /// Wait until the terminal has shown a line starting with `prefix`.
-    fn line(&self, prefix: &str, c: &Containerd) -> String {
+    fn line(&mut self, prefix: &str, c: &Containerd) -> String {
         let start = Instant::now();
         loop {
             if let Some(l) = self.text().lines().find(|l| l.starts_with(prefix)) {
                 return l.to_string();
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                std::thread::sleep(Duration::from_millis(500));
+                panic!(
+                    "ctr ended ({status}) before a {prefix:?} line: {:?}\n{}",
+                    self.text(),
+                    c.diagnostics()
+                );
             }
             assert!(
                 start.elapsed() < LONG,
@@ -314,6 +334,7 @@ fn terminal_resize_and_stdin_eof_reach_the_container() {
     run_detached(&c, &[], id, &["sleep", "100000"]);
 
     // CloseIO: the data, then EOF, reach an exec'd cat.
+    step("exec cat with data");
     let r = c.ctr_with(
         &["task", "exec", "--exec-id", "cat-data", id, "cat"],
         Some(b"hello\n"),
@@ -325,22 +346,33 @@ fn terminal_resize_and_stdin_eof_reach_the_container() {
         "{r:?}\n{}",
         c.diagnostics()
     );
-    // ...and a stdin closed from the start ends cat at once.
-    let r = c.try_ctr(
+    // ...and a stdin that closes with nothing written ends cat (ctr sends
+    // CloseIO on its stdin's EOF once the exec has started).
+    step("exec cat, its stdin closed while it runs");
+    let mut child = c.spawn_ctr_with(
         &["task", "exec", "--exec-id", "cat-closed", id, "cat"],
-        None,
-        Duration::from_secs(180),
+        Stdio::piped(),
     );
+    let start = Instant::now();
+    while process_lines(&c, id) < 2 {
+        assert!(
+            start.elapsed() < LONG,
+            "the exec'd cat never ran\n{}",
+            c.diagnostics()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    drop(child.stdin.take());
+    let (out, killed) = wait_output(child, Duration::from_secs(120));
     assert!(
-        !r.timed_out,
-        "exec'd cat with a closed stdin never saw EOF: {r:?}\n{}",
+        !killed,
+        "exec'd cat never saw its stdin's EOF: {out:?}\n{}",
         c.diagnostics()
     );
     assert_eq!(
-        (r.code, r.stdout.as_str()),
-        (Some(0), ""),
-        "{r:?}\n{}",
-        c.diagnostics()
+        (out.status.code(), out.stdout.as_slice()),
+        (Some(0), &b""[..]),
+        "{out:?}"
     );
 
     // ResizePty: ctr sends its terminal's size when the exec starts and
@@ -353,7 +385,8 @@ fn terminal_resize_and_stdin_eof_reach_the_container() {
         wait_for("30 100"),
         wait_for("40 120")
     );
-    let t = TerminalCtr::spawn(
+    step("exec -t and resize");
+    let mut t = TerminalCtr::spawn(
         &c,
         &[
             "task",
@@ -391,6 +424,7 @@ fn terminal_resize_and_stdin_eof_reach_the_container() {
     kill_and_remove(&c, id);
 
     // CloseIO for a container's init: `echo hello | ctr run ... cat`.
+    step("echo hello | ctr run cat");
     let r = c.ctr_with(&run(&["--rm"], "t-cat", &["cat"]), Some(b"hello\n"), LONG);
     assert_eq!(
         (r.code, r.stdout.as_str()),
@@ -399,6 +433,20 @@ fn terminal_resize_and_stdin_eof_reach_the_container() {
         c.diagnostics()
     );
     c.assert_clean(CLEAN);
+}
+
+/// How many processes `ctr task ps` lists for `id`.
+fn process_lines(c: &Containerd, id: &str) -> usize {
+    let ps = c.ctr(&["task", "ps", id]);
+    ps.stdout
+        .lines()
+        .skip(1)
+        .filter(|l| {
+            l.split_whitespace()
+                .next()
+                .is_some_and(|p| p.parse::<u32>().is_ok())
+        })
+        .count()
 }
 
 /// PID column of `ctr task ls` for `id`.
@@ -429,6 +477,7 @@ fn containerd_restart_reconnects_and_delete_shuts_the_shim_down() {
     let vmm = c.vmm_pid(id);
 
     // containerd restarts; its new instance connects to the running shim.
+    step("restart containerd");
     c.restart();
     assert_eq!(
         c.task_status(id).as_deref(),
@@ -446,6 +495,7 @@ fn containerd_restart_reconnects_and_delete_shuts_the_shim_down() {
     );
 
     // Kill works, and the exit reaches the new containerd as an event.
+    step("kill after the restart");
     let mut events = c.spawn_ctr(&["events"]);
     std::thread::sleep(Duration::from_secs(1));
     assert_eq!(c.ctr(&["task", "kill", "-s", "SIGKILL", id]).code, Some(0));
@@ -462,6 +512,7 @@ fn containerd_restart_reconnects_and_delete_shuts_the_shim_down() {
     );
 
     // Delete → Shutdown: the shim and its VMM exit, the state dir goes.
+    step("delete");
     assert_eq!(c.ctr(&["task", "delete", id]).code, Some(0));
     assert_eq!(c.ctr(&["containers", "rm", id]).code, Some(0));
     let start = Instant::now();
@@ -584,6 +635,7 @@ fn files(dir: &Path) -> Vec<PathBuf> {
 #[test]
 fn a_block_device_snapshot_is_the_containers_disk() {
     let pool = ThinPool::create(&format!("burrow-test-pool-{}", std::process::id()));
+    step("thin pool ready");
     let c = Containerd::start_with("devmapper", BURROW_CONFIG, &pool.containerd_config());
     let id = "t-dm";
     run_detached(
@@ -597,6 +649,7 @@ fn a_block_device_snapshot_is_the_containers_disk() {
         ],
     );
     // The VMM was given the snapshot's device itself, not an image copy.
+    step("devmapper container runs");
     let vmm = c.vmm_pid(id);
     let cmdline = std::fs::read(format!("/proc/{vmm}/cmdline")).unwrap();
     let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
@@ -643,6 +696,7 @@ fn a_block_device_snapshot_is_the_containers_disk() {
     assert_eq!(c.ctr(&["task", "delete", id]).code, Some(0));
 
     // The write landed in the snapshot: mount it on the host and look.
+    step("mount the snapshot on the host");
     let target = c.dir.join("snapshot-mount");
     std::fs::create_dir_all(&target).unwrap();
     let target_s = target.display().to_string();

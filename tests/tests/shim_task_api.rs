@@ -44,7 +44,9 @@ fn run<'a>(flags: &[&'a str], id: &'a str, cmd: &[&'a str]) -> Vec<&'a str> {
 /// `ctr run -d` with `flags`, and wait until the task runs.
 fn run_detached(c: &Containerd, flags: &[&str], id: &str, cmd: &[&str]) {
     step(&format!("start {id}"));
-    let r = c.ctr(&run(flags, id, cmd));
+    let mut flags = flags.to_vec();
+    flags.push("-d");
+    let r = c.ctr_with(&run(&flags, id, cmd), None, LONG);
     assert_eq!(r.code, Some(0), "run {id}: {r:?}\n{}", c.diagnostics());
     c.wait_status(id, "RUNNING", LONG);
 }
@@ -581,6 +583,24 @@ impl ThinPool {
             pool.loops[1]
         );
         host(&["dmsetup", "create", name, "--table", &table]);
+        // With no udev in the test host, make sure the /dev/mapper nodes
+        // exist (containerd opens the pool by its path).
+        let _ = Command::new("dmsetup").arg("mknodes").status();
+        let node = Path::new("/dev/mapper").join(name);
+        let is_block = std::fs::metadata(&node)
+            .map(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()))
+            .unwrap_or(false);
+        assert!(
+            is_block,
+            "{} is not a block device after dmsetup create: ls /dev/mapper: {:?}; dmsetup ls: {:?}",
+            node.display(),
+            std::fs::read_dir("/dev/mapper")
+                .map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>()),
+            Command::new("dmsetup")
+                .arg("ls")
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        );
         pool
     }
 

@@ -474,6 +474,11 @@ fn launch(dir: &Path, shim: &Path) -> Child {
         .expect("start containerd")
 }
 
+/// Whether process `pid` exists and has not exited (a zombie has).
+pub fn process_running(pid: i32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists() && !is_zombie(pid)
+}
+
 /// Whether process `pid` has exited but not been reaped yet.
 fn is_zombie(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))

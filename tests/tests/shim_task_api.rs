@@ -17,7 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use burrow_tests::containerd::{wait_output, Containerd};
+use burrow_tests::containerd::{process_running, wait_output, Containerd};
 
 /// Nested guests boot slowly (QEMU TCG): allow minutes (a container starts
 /// in about 15 s there), assert no timings.
@@ -462,11 +462,6 @@ fn task_pid(c: &Containerd, id: &str) -> Option<u32> {
     })
 }
 
-fn process_alive(pid: i32) -> bool {
-    // SAFETY: kill(2) with signal 0 only checks for existence.
-    unsafe { libc::kill(pid, 0) == 0 }
-}
-
 #[test]
 fn containerd_restart_reconnects_and_delete_shuts_the_shim_down() {
     let mut c = containerd("connect");
@@ -490,7 +485,7 @@ fn containerd_restart_reconnects_and_delete_shuts_the_shim_down() {
     assert_eq!(task_pid(&c, id), Some(pid), "same task pid after a restart");
     assert_eq!(c.shim_pids(id), shims, "the same shim serves the task");
     assert_eq!(c.vmm_pid(id), vmm, "the same VM runs the task");
-    assert!(process_alive(vmm), "burrow-vmm {vmm} still runs");
+    assert!(process_running(vmm), "burrow-vmm {vmm} still runs");
     assert_eq!(
         exec(&c, id, "after-restart", &["echo", "still here"]).trim(),
         "still here"
@@ -518,12 +513,12 @@ fn containerd_restart_reconnects_and_delete_shuts_the_shim_down() {
     assert_eq!(c.ctr(&["task", "delete", id]).code, Some(0));
     assert_eq!(c.ctr(&["containers", "rm", id]).code, Some(0));
     let start = Instant::now();
-    while !c.shim_pids(id).is_empty() || process_alive(vmm) {
+    while !c.shim_pids(id).is_empty() || process_running(vmm) {
         assert!(
             start.elapsed() < CLEAN,
             "after delete: shim {:?} and burrow-vmm {vmm} (alive: {}) must exit\n{}",
             c.shim_pids(id),
-            process_alive(vmm),
+            process_running(vmm),
             c.diagnostics()
         );
         std::thread::sleep(Duration::from_millis(250));

@@ -1,7 +1,6 @@
 //! The task API calls the other end-to-end suites do not reach, through
 //! containerd 1.6 and `ctr` as a user drives them: Stats (`ctr task
-//! metrics`), Update (`ctr task update`), ResizePty (a terminal resize seen
-//! by `stty size`), CloseIO (stdin EOF reaches `cat`), Connect (containerd
+//! metrics`), ResizePty (a terminal resize seen by `stty size`), CloseIO (stdin EOF reaches `cat`), Connect (containerd
 //! restarts and finds its task again) and Shutdown (the shim and its VMM go
 //! after delete). Run inside hack/testhost (or on a host with hardware
 //! KVM).
@@ -109,7 +108,7 @@ fn metrics(c: &Containerd, id: &str) -> Metrics {
 }
 
 #[test]
-fn metrics_are_the_guests_and_update_is_refused_clearly() {
+fn metrics_are_the_guests() {
     let c = containerd("stats");
     let id = "t-stats";
     run_detached(&c, &[], id, &["sleep", "100000"]);
@@ -186,37 +185,8 @@ fn metrics_are_the_guests_and_update_is_refused_clearly() {
         "a 3 s busy loop must add at least 1 s of CPU time: before {m2:?}, after {m3:?}"
     );
 
-    // Update: a VM's memory and vCPUs are fixed at boot, and burrow says so
-    // (shim/README.md) instead of pretending the limit was applied.
-    step("ctr task update");
-    for flags in [
-        &["--memory-limit", "134217728"][..],
-        &["--cpu-quota", "50000", "--cpu-period", "100000"][..],
-    ] {
-        let mut args = vec!["task", "update"];
-        args.extend_from_slice(flags);
-        args.push(id);
-        let u = c.ctr(&args);
-        assert_ne!(
-            u.code,
-            Some(0),
-            "ctr task update {flags:?} must be refused: {u:?}"
-        );
-        assert!(
-            u.stderr.contains("not supported") && u.stderr.contains("fixed when it boots"),
-            "the refusal must say why: {u:?}"
-        );
-    }
-    assert_eq!(
-        c.task_status(id).as_deref(),
-        Some("RUNNING"),
-        "a refused update leaves the task running"
-    );
-    let m4 = metrics(&c, id);
-    assert_eq!(
-        m4.memory_limit, m0.memory_limit,
-        "the memory limit is unchanged: {m4:?}"
-    );
+    // Update is not checked here: containerd 1.6.20's ctr has no `task
+    // update` ("No help topic for 'update'").
     kill_and_remove(&c, id);
 }
 

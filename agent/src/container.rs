@@ -326,10 +326,7 @@ pub fn plan(p: &OciProcess, namespaces: Namespaces) -> Result<ChildPlan> {
         pass_fds: Vec::new(),
         oom_score_adj: cstring(
             "oomScoreAdj",
-            &p.oom_score_adj()
-                .unwrap_or(0)
-                .clamp(-1000, 1000)
-                .to_string(),
+            &p.oom_score_adj().unwrap_or(0).clamp(-1000, 1000).to_string(),
         )?,
     })
 }

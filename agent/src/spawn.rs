@@ -513,10 +513,7 @@ unsafe fn child_main(
                 libc::signal(sig, libc::SIG_DFL);
             }
         }
-        let adj = libc::open(
-            c"/proc/self/oom_score_adj".as_ptr(),
-            libc::O_WRONLY | libc::O_CLOEXEC,
-        );
+        let adj = libc::open(c"/proc/self/oom_score_adj".as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
         if adj >= 0 {
             let v = plan.oom_score_adj.as_bytes();
             libc::write(adj, v.as_ptr().cast(), v.len());

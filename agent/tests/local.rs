@@ -312,9 +312,7 @@ async fn terminal_with_resize() {
 #[tokio::test]
 async fn a_process_gets_the_oom_score_its_spec_asks_for() {
     let a = TestAgent::start().await;
-    let mut p: serde_json::Value =
-        serde_json::from_slice(&process_json(&["cat", "/proc/self/oom_score_adj"], false))
-            .expect("json");
+    let mut p: serde_json::Value = serde_json::from_slice(&process_json(&["cat", "/proc/self/oom_score_adj"], false)).expect("json");
     p["oomScoreAdj"] = 500.into();
     let mut req = ExecProcessRequest::new();
     req.exec_id = "oom".into();
@@ -326,22 +324,12 @@ async fn a_process_gets_the_oom_score_its_spec_asks_for() {
     let kills = std::fs::read_to_string("/proc/vmstat")
         .expect("vmstat")
         .lines()
-        .find_map(|l| {
-            l.strip_prefix("oom_kill ")
-                .and_then(|v| v.trim().parse::<u64>().ok())
-        })
+        .find_map(|l| l.strip_prefix("oom_kill ").and_then(|v| v.trim().parse::<u64>().ok()))
         .expect("oom_kill in /proc/vmstat");
     if let Some(seen) = kills.checked_sub(1) {
         let mut w = WaitOomKillRequest::new();
         w.seen = seen;
-        assert_eq!(
-            a.client
-                .wait_oom_kill(ctx(), &w)
-                .await
-                .expect("wait oom")
-                .kills,
-            kills
-        );
+        assert_eq!(a.client.wait_oom_kill(ctx(), &w).await.expect("wait oom").kills, kills);
     }
 }
 

@@ -9,11 +9,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(
-    name = "burrow",
-    version,
-    about = "KVM microVM sandboxes for containerd"
-)]
+#[command(name = "burrow", version, about = "KVM microVM sandboxes for containerd")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -94,10 +90,7 @@ fn main() -> Result<()> {
             match verb {
                 SandboxVerb::Ls => print!("{}", sandbox::ls(&root)),
                 SandboxVerb::Hibernate { id } => {
-                    println!(
-                        "{id}: {}",
-                        sandbox::command(&dir(&id)?, "hibernate", timeout)?
-                    );
+                    println!("{id}: {}", sandbox::command(&dir(&id)?, "hibernate", timeout)?);
                 }
                 SandboxVerb::Wake { id } => {
                     println!("{id}: {}", sandbox::command(&dir(&id)?, "wake", timeout)?);

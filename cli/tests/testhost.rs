@@ -16,21 +16,12 @@ fn testhost() -> Command {
 #[test]
 fn command_output_and_status_come_back() {
     let out = testhost()
-        .args([
-            "--",
-            "sh",
-            "-c",
-            "echo out; echo err >&2; test -c /dev/kvm && grep -qw svm /proc/cpuinfo && exit 7",
-        ])
+        .args(["--", "sh", "-c", "echo out; echo err >&2; test -c /dev/kvm && grep -qw svm /proc/cpuinfo && exit 7"])
         .output()
         .expect("run hack/testhost");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        out.status.code(),
-        Some(7),
-        "stdout: {stdout}\nstderr: {stderr}"
-    );
+    assert_eq!(out.status.code(), Some(7), "stdout: {stdout}\nstderr: {stderr}");
     assert_eq!(stdout, "out\n");
     assert!(stderr.starts_with("err\n"), "stderr: {stderr}");
 }
@@ -45,11 +36,7 @@ fn a_hung_test_host_is_killed_at_its_timeout() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(124), "stderr: {stderr}");
     assert!(stderr.contains("timed out after 20s"), "stderr: {stderr}");
-    assert!(
-        start.elapsed() < Duration::from_secs(60),
-        "took {:?}",
-        start.elapsed()
-    );
+    assert!(start.elapsed() < Duration::from_secs(60), "took {:?}", start.elapsed());
 }
 
 #[test]
@@ -61,8 +48,5 @@ fn a_missing_kernel_is_refused_with_what_to_do() {
         .expect("run hack/testhost");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
-    assert!(
-        stderr.contains("hack/testhost --prepare"),
-        "stderr: {stderr}"
-    );
+    assert!(stderr.contains("hack/testhost --prepare"), "stderr: {stderr}");
 }

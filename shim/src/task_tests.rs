@@ -608,8 +608,7 @@ async fn the_restore_annotation_restores_the_named_checkpoint() {
     };
     h.svc.create(&ctx(), req).await.expect("restore by name");
     assert!(
-        h.sb.calls()
-            .contains(&"restore n from /named/cp1".to_string()),
+        h.sb.calls().contains(&"restore n from /named/cp1".to_string()),
         "{:?}",
         h.sb.calls()
     );

@@ -24,8 +24,7 @@ fn make_disk(dir: &Path) -> PathBuf {
     for d in ["bin", "etc", "tmp", "proc", "sys", "dev", "root"] {
         std::fs::create_dir_all(tree.join(d)).unwrap();
     }
-    std::fs::copy("/bin/busybox", tree.join("bin/busybox"))
-        .expect("/bin/busybox (busybox-static) on the test host");
+    std::fs::copy("/bin/busybox", tree.join("bin/busybox")).expect("/bin/busybox (busybox-static) on the test host");
     let list = Command::new("/bin/busybox").arg("--list").output().unwrap();
     for applet in String::from_utf8_lossy(&list.stdout).lines() {
         if applet != "busybox" {
@@ -47,15 +46,7 @@ fn make_disk(dir: &Path) -> PathBuf {
 }
 
 fn boot(dir: &Path, disk: &Path) -> Vm {
-    agent_vm::boot(
-        dir,
-        512,
-        &[Disk {
-            path: disk,
-            read_only: false,
-        }],
-        "quiet",
-    )
+    agent_vm::boot(dir, 512, &[Disk { path: disk, read_only: false }], "quiet")
 }
 
 fn ctx() -> context::Context {
@@ -69,12 +60,7 @@ fn process_json(args: &[&str]) -> Vec<u8> {
     .unwrap()
 }
 
-async fn exec(
-    c: &AgentClient,
-    container: &str,
-    id: &str,
-    args: &[&str],
-) -> ttrpc::Result<ExecProcessResponse> {
+async fn exec(c: &AgentClient, container: &str, id: &str, args: &[&str]) -> ttrpc::Result<ExecProcessResponse> {
     let mut req = ExecProcessRequest::new();
     req.container_id = container.into();
     req.exec_id = id.into();
@@ -130,13 +116,8 @@ fn agent_in_a_vm_runs_a_busybox_container() {
     let disk = make_disk(&dir);
     let mut vm = boot(&dir, &disk);
     let stream = agent_vm::connect(&mut vm, BOOT_TIMEOUT);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        rt.block_on(async {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rt.block_on(async {
         let c = agent_vm::client(stream);
 
         let h = c.health(ctx(), &HealthRequest::new()).await.unwrap();
@@ -253,8 +234,7 @@ fn agent_in_a_vm_runs_a_busybox_container() {
 
         c.delete_container(ctx(), &start).await.unwrap();
         c.power_off(ctx(), &PowerOffRequest::new()).await.unwrap();
-    })
-    }));
+    })));
     if let Err(panic) = outcome {
         eprintln!("{}", vm.diagnostics());
         std::panic::resume_unwind(panic);

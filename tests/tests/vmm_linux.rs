@@ -39,8 +39,7 @@ fn tmpdir(name: &str) -> PathBuf {
 fn start(name: &str, test: &str, extra: &[&str]) -> Vm {
     burrow_tests::require_hardware_kvm();
     let kernel = burrow_tests::asset_from_env("BURROW_GUEST_KERNEL", "guest-kernel/build");
-    let initrd =
-        burrow_tests::asset_from_env("BURROW_VMM_TEST_INITRD", "vmm/tests/initramfs/build");
+    let initrd = burrow_tests::asset_from_env("BURROW_VMM_TEST_INITRD", "vmm/tests/initramfs/build");
     let dir = tmpdir(name);
     let serial = dir.join("serial.log");
     let child = Command::new(burrow_tests::workspace_bin("burrow-vmm"))
@@ -67,26 +66,16 @@ impl Vm {
 
     fn diagnostics(&self) -> String {
         let stderr = std::fs::read_to_string(self.dir.join("stderr")).unwrap_or_default();
-        format!(
-            "--- serial ---\n{}\n--- burrow-vmm stderr ---\n{stderr}",
-            self.serial_text()
-        )
+        format!("--- serial ---\n{}\n--- burrow-vmm stderr ---\n{stderr}", self.serial_text())
     }
 
     fn wait_for_serial(&mut self, marker: &str) {
         let start = Instant::now();
         while !self.serial_text().contains(marker) {
             if let Some(st) = self.child.try_wait().unwrap() {
-                panic!(
-                    "burrow-vmm exited ({st}) before {marker:?}\n{}",
-                    self.diagnostics()
-                );
+                panic!("burrow-vmm exited ({st}) before {marker:?}\n{}", self.diagnostics());
             }
-            assert!(
-                start.elapsed() < BOOT_TIMEOUT,
-                "no {marker:?} in {BOOT_TIMEOUT:?}\n{}",
-                self.diagnostics()
-            );
+            assert!(start.elapsed() < BOOT_TIMEOUT, "no {marker:?} in {BOOT_TIMEOUT:?}\n{}", self.diagnostics());
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -97,11 +86,7 @@ impl Vm {
             if let Some(st) = self.child.try_wait().unwrap() {
                 return st;
             }
-            assert!(
-                start.elapsed() < BOOT_TIMEOUT,
-                "burrow-vmm did not exit\n{}",
-                self.diagnostics()
-            );
+            assert!(start.elapsed() < BOOT_TIMEOUT, "burrow-vmm did not exit\n{}", self.diagnostics());
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -133,10 +118,7 @@ fn block_write_read_back_and_read_only() {
     let _one = ONE_VM.lock().unwrap_or_else(|p| p.into_inner());
     let dir = tmpdir("disks");
     let rw = dir.join("rw.img");
-    std::fs::File::create(&rw)
-        .unwrap()
-        .set_len(16 << 20)
-        .unwrap();
+    std::fs::File::create(&rw).unwrap().set_len(16 << 20).unwrap();
     let ro = dir.join("ro.img");
     let mut img = b"read-only-ok".to_vec();
     img.resize(4096, 0);
@@ -147,17 +129,9 @@ fn block_write_read_back_and_read_only() {
     let st = vm.wait_exit();
     let serial = vm.serial_text();
     assert_eq!(st.code(), Some(0), "{}", vm.diagnostics());
-    assert!(
-        serial.contains("BURROW-VMM-TEST: block rw ok"),
-        "{}",
-        vm.diagnostics()
-    );
+    assert!(serial.contains("BURROW-VMM-TEST: block rw ok"), "{}", vm.diagnostics());
     assert!(serial.contains("read-only-ok"), "{}", vm.diagnostics());
-    assert!(
-        serial.contains("BURROW-VMM-TEST: block ro refused"),
-        "{}",
-        vm.diagnostics()
-    );
+    assert!(serial.contains("BURROW-VMM-TEST: block ro refused"), "{}", vm.diagnostics());
     // The guest's write reached the host file, and the read-only image is untouched.
     let data = std::fs::read(&rw).unwrap();
     assert!(data[1 << 20..(1 << 20) + 65536].iter().any(|&b| b != 0));
@@ -189,14 +163,7 @@ fn vsock_round_trips_both_ways_and_api_stop() {
     let mut vm = start(
         "vsock",
         "vsock",
-        &[
-            "--vsock",
-            uds.to_str().unwrap(),
-            "--api",
-            api.to_str().unwrap(),
-            "--append",
-            "quiet",
-        ],
+        &["--vsock", uds.to_str().unwrap(), "--api", api.to_str().unwrap(), "--append", "quiet"],
     );
     vm.wait_for_serial("BURROW-VMM-TEST: vsock listening");
 
@@ -206,15 +173,9 @@ fn vsock_round_trips_both_ways_and_api_stop() {
     let mut s = BufReader::new(s);
     s.get_mut().write_all(b"CONNECT 1024\n").unwrap();
     let ok = read_line(&mut s);
-    assert!(
-        ok.starts_with("OK ") && ok.ends_with('\n'),
-        "{ok:?}\n{}",
-        vm.diagnostics()
-    );
+    assert!(ok.starts_with("OK ") && ok.ends_with('\n'), "{ok:?}\n{}", vm.diagnostics());
     let big: String = (0..2000).map(|i| format!("{i:05}")).collect();
-    s.get_mut()
-        .write_all(format!("ping-from-host {big}\n").as_bytes())
-        .unwrap();
+    s.get_mut().write_all(format!("ping-from-host {big}\n").as_bytes()).unwrap();
     assert_eq!(read_line(&mut s), format!("ping-from-host {big}\n"));
 
     // guest -> host

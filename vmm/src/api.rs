@@ -66,28 +66,13 @@ pub struct Response {
 
 impl Response {
     pub fn ok(state: VmState) -> Self {
-        Self {
-            ok: true,
-            state: Some(state),
-            error: None,
-            snapshot: None,
-        }
+        Self { ok: true, state: Some(state), error: None, snapshot: None }
     }
     pub fn err(msg: impl Into<String>) -> Self {
-        Self {
-            ok: false,
-            state: None,
-            error: Some(msg.into()),
-            snapshot: None,
-        }
+        Self { ok: false, state: None, error: Some(msg.into()), snapshot: None }
     }
     pub fn snapshot(state: VmState, info: SnapshotInfo) -> Self {
-        Self {
-            ok: true,
-            state: Some(state),
-            error: None,
-            snapshot: Some(info),
-        }
+        Self { ok: true, state: Some(state), error: None, snapshot: Some(info) }
     }
 }
 
@@ -115,10 +100,7 @@ pub struct Client {
 impl Client {
     pub fn new(stream: UnixStream) -> std::io::Result<Self> {
         stream.set_nonblocking(true)?;
-        Ok(Self {
-            stream,
-            buf: Vec::new(),
-        })
+        Ok(Self { stream, buf: Vec::new() })
     }
 
     /// Read what is available; returns complete lines, or None when the
@@ -170,48 +152,22 @@ mod tests {
 
     #[test]
     fn wire_format() {
-        assert_eq!(
-            parse_request(br#"{"cmd":"pause"}"#).unwrap().cmd,
-            Command::Pause
-        );
+        assert_eq!(parse_request(br#"{"cmd":"pause"}"#).unwrap().cmd, Command::Pause);
         assert!(parse_request(br#"{"cmd":"explode"}"#).is_err());
         assert_eq!(
-            parse_request(br#"{"cmd":"snapshot","dir":"/s"}"#)
-                .unwrap()
-                .cmd,
-            Command::Snapshot {
-                dir: "/s".into(),
-                incremental: false
-            }
+            parse_request(br#"{"cmd":"snapshot","dir":"/s"}"#).unwrap().cmd,
+            Command::Snapshot { dir: "/s".into(), incremental: false }
         );
         assert_eq!(
-            parse_request(br#"{"cmd":"snapshot","dir":"/s","incremental":true}"#)
-                .unwrap()
-                .cmd,
-            Command::Snapshot {
-                dir: "/s".into(),
-                incremental: true
-            }
+            parse_request(br#"{"cmd":"snapshot","dir":"/s","incremental":true}"#).unwrap().cmd,
+            Command::Snapshot { dir: "/s".into(), incremental: true }
         );
-        assert!(
-            parse_request(br#"{"cmd":"snapshot"}"#).is_err(),
-            "dir is required"
-        );
+        assert!(parse_request(br#"{"cmd":"snapshot"}"#).is_err(), "dir is required");
         assert!(parse_request(b"\xff").is_err());
+        assert_eq!(serde_json::to_string(&Response::ok(VmState::Running)).unwrap(), r#"{"ok":true,"state":"running"}"#);
+        assert_eq!(serde_json::to_string(&Response::err("x")).unwrap(), r#"{"ok":false,"error":"x"}"#);
         assert_eq!(
-            serde_json::to_string(&Response::ok(VmState::Running)).unwrap(),
-            r#"{"ok":true,"state":"running"}"#
-        );
-        assert_eq!(
-            serde_json::to_string(&Response::err("x")).unwrap(),
-            r#"{"ok":false,"error":"x"}"#
-        );
-        assert_eq!(
-            serde_json::to_string(&Event::Exit {
-                reason: "poweroff".into(),
-                success: true
-            })
-            .unwrap(),
+            serde_json::to_string(&Event::Exit { reason: "poweroff".into(), success: true }).unwrap(),
             r#"{"event":"exit","reason":"poweroff","success":true}"#
         );
     }

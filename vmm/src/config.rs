@@ -84,13 +84,7 @@ mod tests {
     #[test]
     fn disk_specs() {
         let d: DiskConfig = "/a/b.img:ro".parse().unwrap();
-        assert_eq!(
-            d,
-            DiskConfig {
-                path: "/a/b.img".into(),
-                read_only: true
-            }
-        );
+        assert_eq!(d, DiskConfig { path: "/a/b.img".into(), read_only: true });
         let d: DiskConfig = "/a/b.img".parse().unwrap();
         assert!(!d.read_only);
         let d: DiskConfig = "/a:b.img".parse().unwrap();

@@ -22,10 +22,7 @@ use burrow_vmm::{VmConfig, Vmm};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(
-    name = "burrow-vmm",
-    about = "burrow's VMM: one KVM microVM per process"
-)]
+#[command(name = "burrow-vmm", about = "burrow's VMM: one KVM microVM per process")]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -111,13 +108,9 @@ fn bind_api(args: &RunArgs) -> anyhow::Result<Option<UnixListener>> {
     Ok(match &args.api {
         Some(p) => {
             if p.exists() {
-                std::fs::remove_file(p)
-                    .with_context(|| format!("removing stale {}", p.display()))?;
+                std::fs::remove_file(p).with_context(|| format!("removing stale {}", p.display()))?;
             }
-            Some(
-                UnixListener::bind(p)
-                    .with_context(|| format!("binding API socket {}", p.display()))?,
-            )
+            Some(UnixListener::bind(p).with_context(|| format!("binding API socket {}", p.display()))?)
         }
         None => None,
     })
@@ -137,8 +130,7 @@ fn serial_config(args: &RunArgs) -> (SerialOutput, bool) {
 /// the memory files of its chain) before anything is created, so a bad
 /// snapshot fails with status 2 and touches nothing.
 fn restore(args: &RunArgs, dir: &std::path::Path) -> anyhow::Result<(Vmm, Option<UnixListener>)> {
-    let (state, chain) =
-        microvm::load(dir).with_context(|| format!("snapshot {}", dir.display()))?;
+    let (state, chain) = microvm::load(dir).with_context(|| format!("snapshot {}", dir.display()))?;
     let (serial, serial_stdin) = serial_config(args);
     let opts = RestoreConfig {
         dir: dir.to_path_buf(),

@@ -71,10 +71,7 @@ const RFLAGS_IF: u64 = 1 << 9;
 
 fn probe(vcpu: &VcpuFd) -> CpuProbe {
     let mp = vcpu.get_mp_state().map(|s| s.mp_state).unwrap_or(u32::MAX);
-    let iflag = vcpu
-        .get_regs()
-        .map(|r| r.rflags & RFLAGS_IF != 0)
-        .unwrap_or(true);
+    let iflag = vcpu.get_regs().map(|r| r.rflags & RFLAGS_IF != 0).unwrap_or(true);
     CpuProbe {
         halted_for_good: mp == KVM_MP_STATE_HALTED && !iflag,
         not_started: mp == KVM_MP_STATE_UNINITIALIZED || mp == KVM_MP_STATE_INIT_RECEIVED,
@@ -202,9 +199,7 @@ impl VcpuControl {
         lock(&self.state).want = Want::Pause;
         self.attention.store(true, Ordering::Release);
         let n = threads.len();
-        self.kick_until(threads, Duration::from_secs(2), |s| {
-            s.parked + s.exited >= n
-        })
+        self.kick_until(threads, Duration::from_secs(2), |s| s.parked + s.exited >= n)
     }
 
     pub fn resume(&self) {
@@ -249,13 +244,7 @@ impl VcpuControl {
         if st.exited > 0 {
             return None;
         }
-        Some(
-            st.saves
-                .iter_mut()
-                .take(n)
-                .map(|s| s.1.take().unwrap_or_else(|| Err("no state".into())))
-                .collect(),
-        )
+        Some(st.saves.iter_mut().take(n).map(|s| s.1.take().unwrap_or_else(|| Err("no state".into()))).collect())
     }
 
     /// Probe every vCPU (each answers from its own thread).
@@ -324,11 +313,7 @@ pub fn save_state(id: usize, vcpu: &mut VcpuFd, msr_list: &[u32]) -> Result<Vcpu
     match r {
         Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {}
         Err(e) => return Err(format!("vcpu{id}: completing pending I/O: {e}")),
-        Ok(exit) => {
-            return Err(format!(
-                "vcpu{id}: unexpected exit completing pending I/O: {exit:?}"
-            ))
-        }
+        Ok(exit) => return Err(format!("vcpu{id}: unexpected exit completing pending I/O: {exit:?}")),
     }
     snapshot::vcpu::save(id, vcpu, msr_list).map_err(|e| format!("vcpu{id}: {e}"))
 }
@@ -389,9 +374,7 @@ fn run_loop(id: usize, vcpu: &mut VcpuFd, bus: &Bus, ctl: &VcpuControl) -> Optio
                 return Some(ExitReason::Error(format!("vcpu{id}: KVM internal error")))
             }
             Ok(other) => {
-                return Some(ExitReason::Error(format!(
-                    "vcpu{id}: unexpected exit {other:?}"
-                )))
+                return Some(ExitReason::Error(format!("vcpu{id}: unexpected exit {other:?}")))
             }
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
                 vcpu.set_kvm_immediate_exit(0);
@@ -407,15 +390,9 @@ mod tests {
 
     #[test]
     fn halt_detection() {
-        let halted = CpuProbe {
-            halted_for_good: true,
-            not_started: false,
-        };
+        let halted = CpuProbe { halted_for_good: true, not_started: false };
         let idle = CpuProbe::default();
-        let off = CpuProbe {
-            halted_for_good: false,
-            not_started: true,
-        };
+        let off = CpuProbe { halted_for_good: false, not_started: true };
         assert!(guest_halted(&[halted]));
         assert!(guest_halted(&[halted, off, halted]));
         assert!(!guest_halted(&[halted, idle]));

@@ -22,12 +22,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::GuestMemoryMmap;
 use kvm_bindings::{
     kvm_pit_config, kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES, KVM_MEM_LOG_DIRTY_PAGES,
     KVM_PIT_SPEAKER_DUMMY,
 };
 use kvm_ioctls::{IoEventAddress, Kvm, VcpuFd, VmFd};
+use crate::GuestMemoryMmap;
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
@@ -75,6 +75,7 @@ pub enum VmmError {
     #[error("cannot restore the snapshot: {0}")]
     Restore(String),
 }
+
 
 fn ioctl(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmmError {
     move |e| VmmError::Ioctl(what, e)
@@ -166,9 +167,7 @@ impl Vmm {
         }
         let devices_wanted = config.disks.len() + usize::from(config.vsock.is_some());
         if devices_wanted > (IRQ_MAX - IRQ_VIRTIO_START + 1) as usize {
-            return Err(VmmError::Config(format!(
-                "too many devices: {devices_wanted}"
-            )));
+            return Err(VmmError::Config(format!("too many devices: {devices_wanted}")));
         }
         vcpu::install_kick_handler().map_err(|e| VmmError::Io("signal handler", e))?;
 
@@ -179,8 +178,8 @@ impl Vmm {
             .into_iter()
             .map(|(s, l)| (GuestAddress(s), l as usize))
             .collect();
-        let mem =
-            GuestMemoryMmap::from_ranges(&ranges).map_err(|e| VmmError::Memory(e.to_string()))?;
+        let mem = GuestMemoryMmap::from_ranges(&ranges)
+            .map_err(|e| VmmError::Memory(e.to_string()))?;
         register_memory(&vm, &mem, false)?;
 
         // Legacy devices.
@@ -192,8 +191,9 @@ impl Vmm {
         let serial = Arc::new(Mutex::new(Serial::new(IrqEvt(serial_irq), out)));
         let kbd_irq = new_irqfd(&vm, IRQ_I8042)?;
         irqfds.push(kbd_irq.clone());
-        let reset_evt =
-            Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmmError::Io("eventfd", e))?);
+        let reset_evt = Arc::new(
+            EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmmError::Io("eventfd", e))?,
+        );
         let i8042 = Arc::new(Mutex::new(I8042::new(kbd_irq, reset_evt.clone())));
 
         // virtio devices.
@@ -219,10 +219,7 @@ impl Vmm {
                 queue_evts: w.queue_evts,
                 backend_fd,
             });
-            cmdline.push_str(&format!(
-                " virtio_mmio.device=4K@{:#x}:{}",
-                w.base, w.irq_line
-            ));
+            cmdline.push_str(&format!(" virtio_mmio.device=4K@{:#x}:{}", w.base, w.irq_line));
         }
 
         // Kernel, boot info, MP table, vCPUs.
@@ -233,11 +230,7 @@ impl Vmm {
             config.initrd.as_deref(),
             &cmdline,
         )?;
-        tracing::info!(
-            "booting {:?} entry {:#x}; cmdline: {cmdline}",
-            entry.protocol,
-            entry.entry
-        );
+        tracing::info!("booting {:?} entry {:#x}; cmdline: {cmdline}", entry.protocol, entry.entry);
         mptable::setup(&mem, config.vcpus)?;
         let supported = kvm
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
@@ -268,11 +261,7 @@ impl Vmm {
             last_snapshot: None,
             pending_vcpus,
             msr_list,
-            bus: Bus {
-                serial,
-                i8042,
-                mmio,
-            },
+            bus: Bus { serial, i8042, mmio },
             devices,
             reset_evt,
             panicked,
@@ -318,10 +307,7 @@ impl Vmm {
         if self.state != VmState::Created {
             return Ok(());
         }
-        for (id, vcpu) in std::mem::take(&mut self.pending_vcpus)
-            .into_iter()
-            .enumerate()
-        {
+        for (id, vcpu) in std::mem::take(&mut self.pending_vcpus).into_iter().enumerate() {
             let t = vcpu::spawn(
                 id,
                 vcpu,
@@ -388,15 +374,13 @@ impl Vmm {
                 s => Response::err(format!("cannot resume: VM is {s:?}")),
             },
             Command::Stop => return Err(ExitReason::Stopped),
-            Command::Snapshot { dir, incremental } => {
-                match self.snapshot(&dir, incremental, events) {
-                    Ok(info) => Response::snapshot(self.state, info),
-                    Err(e) => {
-                        tracing::warn!("snapshot to {} failed: {e}", dir.display());
-                        Response::err(format!("snapshot failed: {e}"))
-                    }
+            Command::Snapshot { dir, incremental } => match self.snapshot(&dir, incremental, events) {
+                Ok(info) => Response::snapshot(self.state, info),
+                Err(e) => {
+                    tracing::warn!("snapshot to {} failed: {e}", dir.display());
+                    Response::err(format!("snapshot failed: {e}"))
                 }
-            }
+            },
         })
     }
 
@@ -427,18 +411,13 @@ impl Vmm {
         let epoll = Epoll::new().map_err(|e| VmmError::Io("epoll", e))?;
         let add = |fd: RawFd, token: u64| {
             epoll
-                .ctl(
-                    ControlOperation::Add,
-                    fd,
-                    EpollEvent::new(EventSet::IN, token),
-                )
+                .ctl(ControlOperation::Add, fd, EpollEvent::new(EventSet::IN, token))
                 .map_err(|e| VmmError::Io("epoll_ctl", e))
         };
         add(self.vcpu_wake.as_raw_fd(), T_VCPU)?;
         add(self.reset_evt.as_raw_fd(), T_RESET)?;
         if let Some(l) = api_listener {
-            l.set_nonblocking(true)
-                .map_err(|e| VmmError::Io("api socket", e))?;
+            l.set_nonblocking(true).map_err(|e| VmmError::Io("api socket", e))?;
             add(l.as_raw_fd(), T_API)?;
         }
         let mut stdin_on = self.serial_stdin;
@@ -499,11 +478,7 @@ impl Vmm {
                     T_STDIN => {
                         let mut stdin = std::io::stdin();
                         if !lock(&self.bus.serial).handle_input(&mut stdin) {
-                            let _ = epoll.ctl(
-                                ControlOperation::Delete,
-                                libc::STDIN_FILENO,
-                                EpollEvent::default(),
-                            );
+                            let _ = epoll.ctl(ControlOperation::Delete, libc::STDIN_FILENO, EpollEvent::default());
                             stdin_on = false;
                         }
                     }
@@ -513,9 +488,7 @@ impl Vmm {
                             let mut tr = lock(&dev.transport);
                             if let Err(e) = tr.device_mut().process_backend() {
                                 tracing::warn!("device {d} backend: {e}");
-                                out_events.push(Event::Error {
-                                    message: format!("device {d}: {e}"),
-                                });
+                                out_events.push(Event::Error { message: format!("device {d}: {e}") });
                             }
                         }
                     }
@@ -533,11 +506,7 @@ impl Vmm {
                         let lines = clients.get_mut(&t).and_then(Client::read_lines);
                         let Some(lines) = lines else {
                             if let Some(c) = clients.remove(&t) {
-                                let _ = epoll.ctl(
-                                    ControlOperation::Delete,
-                                    c.stream.as_raw_fd(),
-                                    EpollEvent::default(),
-                                );
+                                let _ = epoll.ctl(ControlOperation::Delete, c.stream.as_raw_fd(), EpollEvent::default());
                             }
                             continue;
                         };
@@ -578,10 +547,7 @@ impl Vmm {
 
             if let Some(mut r) = exit {
                 if self.panicked.load(Ordering::SeqCst)
-                    && matches!(
-                        r,
-                        ExitReason::Reboot | ExitReason::TripleFault | ExitReason::Poweroff
-                    )
+                    && matches!(r, ExitReason::Reboot | ExitReason::TripleFault | ExitReason::Poweroff)
                 {
                     r = ExitReason::Panic;
                 }
@@ -647,15 +613,12 @@ fn register_memory(vm: &VmFd, mem: &GuestMemoryMmap, log_dirty: bool) -> Result<
             guest_phys_addr: region.start_addr().0,
             memory_size: region.len(),
             userspace_addr: region.as_ptr() as u64,
-            flags: if log_dirty {
-                KVM_MEM_LOG_DIRTY_PAGES
-            } else {
-                0
-            },
+            flags: if log_dirty { KVM_MEM_LOG_DIRTY_PAGES } else { 0 },
         };
         // SAFETY: the region belongs to `mem`, which the Vmm keeps
         // alive for as long as the VM exists.
-        unsafe { vm.set_user_memory_region(r) }.map_err(ioctl("KVM_SET_USER_MEMORY_REGION"))?;
+        unsafe { vm.set_user_memory_region(r) }
+            .map_err(ioctl("KVM_SET_USER_MEMORY_REGION"))?;
     }
     Ok(())
 }
@@ -701,20 +664,11 @@ fn wire_virtio(vm: &VmFd, index: usize, queues: usize) -> Result<VirtioWiring, V
     let mut queue_evts = Vec::new();
     for q in 0..queues {
         let evt = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmmError::Io("eventfd", e))?;
-        vm.register_ioevent(
-            &evt,
-            &IoEventAddress::Mmio(base + REG_QUEUE_NOTIFY),
-            q as u32,
-        )
-        .map_err(ioctl("KVM_IOEVENTFD"))?;
+        vm.register_ioevent(&evt, &IoEventAddress::Mmio(base + REG_QUEUE_NOTIFY), q as u32)
+            .map_err(ioctl("KVM_IOEVENTFD"))?;
         queue_evts.push(evt);
     }
-    Ok(VirtioWiring {
-        base,
-        irq_line,
-        irq,
-        queue_evts,
-    })
+    Ok(VirtioWiring { base, irq_line, irq, queue_evts })
 }
 
 fn new_irqfd(vm: &VmFd, line: u32) -> Result<Arc<EventFd>, VmmError> {

@@ -74,52 +74,29 @@ struct Vm {
 
 fn spawn(args: &[&str], api: &Path, log: &Path) -> Vm {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_burrow-vmm"));
-    cmd.arg("run").args(args).args([
-        "--api",
-        api.to_str().unwrap(),
-        "--serial-log",
-        log.to_str().unwrap(),
-    ]);
-    let child = cmd
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    cmd.arg("run")
+        .args(args)
+        .args(["--api", api.to_str().unwrap(), "--serial-log", log.to_str().unwrap()]);
+    let child = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
     let start = Instant::now();
     let stream = loop {
         if let Ok(s) = UnixStream::connect(api) {
             break s;
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "API socket {} never appeared",
-            api.display()
-        );
+        assert!(start.elapsed() < Duration::from_secs(20), "API socket {} never appeared", api.display());
         std::thread::sleep(Duration::from_millis(20));
     };
-    stream
-        .set_read_timeout(Some(Duration::from_secs(60)))
-        .unwrap();
-    Vm {
-        child,
-        api: BufReader::new(stream),
-        log: log.to_path_buf(),
-    }
+    stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    Vm { child, api: BufReader::new(stream), log: log.to_path_buf() }
 }
 
 impl Vm {
     /// Send a request line; return its response line (events skipped).
     fn request(&mut self, line: &str) -> serde_json::Value {
-        self.api
-            .get_mut()
-            .write_all(format!("{line}\n").as_bytes())
-            .unwrap();
+        self.api.get_mut().write_all(format!("{line}\n").as_bytes()).unwrap();
         loop {
             let mut l = String::new();
-            assert!(
-                self.api.read_line(&mut l).unwrap() > 0,
-                "API closed while waiting for an answer to {line}"
-            );
+            assert!(self.api.read_line(&mut l).unwrap() > 0, "API closed while waiting for an answer to {line}");
             if l.starts_with("{\"ok\"") {
                 return serde_json::from_str(&l).unwrap();
             }
@@ -132,10 +109,7 @@ impl Vm {
             serde_json::to_string(dir.to_str().unwrap()).unwrap()
         ));
         assert_eq!(r["ok"], true, "snapshot failed: {r}");
-        assert!(
-            r["state"] == "paused" || r["state"] == "created",
-            "VM is left paused (or not yet started): {r}"
-        );
+        assert!(r["state"] == "paused" || r["state"] == "created", "VM is left paused (or not yet started): {r}");
         r["snapshot"].clone()
     }
 
@@ -153,14 +127,10 @@ impl Vm {
             }
             if let Some(st) = self.child.try_wait().unwrap() {
                 let mut err = String::new();
-                let _ =
-                    std::io::Read::read_to_string(self.child.stderr.as_mut().unwrap(), &mut err);
+                let _ = std::io::Read::read_to_string(self.child.stderr.as_mut().unwrap(), &mut err);
                 panic!("burrow-vmm exited ({st}) before {what}; log {l:?}; stderr {err}");
             }
-            assert!(
-                start.elapsed() < Duration::from_secs(90),
-                "timed out waiting for {what}; log {l:?}"
-            );
+            assert!(start.elapsed() < Duration::from_secs(90), "timed out waiting for {what}; log {l:?}");
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -177,12 +147,7 @@ impl Vm {
             std::thread::sleep(Duration::from_millis(20));
         }
         let out = self.child.wait_with_output().unwrap();
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "stderr {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_eq!(out.status.code(), Some(0), "stderr {}", String::from_utf8_lossy(&out.stderr));
     }
 }
 
@@ -192,21 +157,14 @@ fn counter_values(log: &str) -> Vec<u64> {
     lines.pop(); // partial or empty last line
     lines
         .iter()
-        .map(|l| {
-            u64::from_str_radix(l, 16)
-                .unwrap_or_else(|_| panic!("bad counter line {l:?} in {log:?}"))
-        })
+        .map(|l| u64::from_str_radix(l, 16).unwrap_or_else(|_| panic!("bad counter line {l:?} in {log:?}")))
         .collect()
 }
 
 /// The values must be 0x1000, 0x2000, ... with no gap, repeat or restart.
 fn assert_continuous(values: &[u64], what: &str) {
     for (i, v) in values.iter().enumerate() {
-        assert_eq!(
-            *v,
-            (i as u64 + 1) * 0x1000,
-            "{what}: value {i} of {values:x?}"
-        );
+        assert_eq!(*v, (i as u64 + 1) * 0x1000, "{what}: value {i} of {values:x?}");
     }
 }
 
@@ -219,47 +177,26 @@ fn counter_continues_after_restore_twice_from_one_snapshot() {
     let d = tmpdir("counter");
     let k = kernel(&d, COUNTER);
     let snap = d.join("snap");
-    let mut vm = spawn(
-        &["--kernel", k.to_str().unwrap(), "--mem", "32"],
-        &d.join("api0"),
-        &d.join("log0"),
-    );
+    let mut vm = spawn(&["--kernel", k.to_str().unwrap(), "--mem", "32"], &d.join("api0"), &d.join("log0"));
     vm.wait_log("3 counter lines", |l| lines(l) >= 3);
     let info = vm.snapshot(&snap, false);
     assert_eq!(info["memory_bytes"], 32u64 << 20, "{info}");
     let pages = info["memory_pages"].as_u64().unwrap();
-    assert!(
-        pages > 0 && pages < 64,
-        "a tiny guest has few non-zero pages: {info}"
-    );
-    let used = std::fs::metadata(snap.join("memory"))
-        .map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512)
-        .unwrap();
-    assert!(
-        used < 1 << 20,
-        "memory file is sparse: {used} bytes allocated"
-    );
+    assert!(pages > 0 && pages < 64, "a tiny guest has few non-zero pages: {info}");
+    let used = std::fs::metadata(snap.join("memory")).map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512).unwrap();
+    assert!(used < 1 << 20, "memory file is sparse: {used} bytes allocated");
     // Paused: the log does not grow.
     let before = vm.log();
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(vm.log(), before, "VM stays paused after the snapshot");
     vm.stop();
     let original = std::fs::read_to_string(d.join("log0")).unwrap();
-    assert_eq!(
-        original, before,
-        "a paused VM runs no more guest code when stopped"
-    );
+    assert_eq!(original, before, "a paused VM runs no more guest code when stopped");
     assert_continuous(&counter_values(&original), "before the snapshot");
 
     // Two VMs from the one snapshot at the same time (the memory file is
     // mapped MAP_PRIVATE by both), then a third afterwards.
-    let restore = |round: u32| {
-        spawn(
-            &["--restore", snap.to_str().unwrap()],
-            &d.join(format!("api{round}")),
-            &d.join(format!("log{round}")),
-        )
-    };
+    let restore = |round: u32| spawn(&["--restore", snap.to_str().unwrap()], &d.join(format!("api{round}")), &d.join(format!("log{round}")));
     let check = |round: u32, mut vm: Vm| {
         vm.wait_log("3 more counter lines", |l| lines(l) >= 3);
         vm.stop();
@@ -273,15 +210,8 @@ fn counter_continues_after_restore_twice_from_one_snapshot() {
     check(2, b);
     check(3, restore(3));
     let unchanged = std::fs::read(snap.join("memory")).unwrap();
-    assert_eq!(
-        unchanged.len(),
-        32 << 20,
-        "restored guests never write the snapshot's memory file"
-    );
-    assert!(unchanged
-        .get(0x50000..0x50004)
-        .is_some_and(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as u64
-            <= (counter_values(&original).len() as u64 + 1) * 0x1000));
+    assert_eq!(unchanged.len(), 32 << 20, "restored guests never write the snapshot's memory file");
+    assert!(unchanged.get(0x50000..0x50004).is_some_and(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as u64 <= (counter_values(&original).len() as u64 + 1) * 0x1000));
 }
 
 #[test]
@@ -289,23 +219,10 @@ fn incremental_snapshot_holds_the_touched_pages() {
     let d = tmpdir("incr");
     let k = kernel(&d, PAGES);
     let (full, inc) = (d.join("full"), d.join("inc"));
-    let mut vm = spawn(
-        &["--kernel", k.to_str().unwrap(), "--mem", "32", "--paused"],
-        &d.join("api0"),
-        &d.join("log0"),
-    );
-    let r = vm.request(&format!(
-        "{{\"cmd\":\"snapshot\",\"dir\":\"{}\",\"incremental\":true}}",
-        inc.display()
-    ));
+    let mut vm = spawn(&["--kernel", k.to_str().unwrap(), "--mem", "32", "--paused"], &d.join("api0"), &d.join("log0"));
+    let r = vm.request(&format!("{{\"cmd\":\"snapshot\",\"dir\":\"{}\",\"incremental\":true}}", inc.display()));
     assert_eq!(r["ok"], false, "an incremental snapshot needs a base: {r}");
-    assert!(
-        r["error"]
-            .as_str()
-            .unwrap()
-            .contains("needs a full snapshot"),
-        "{r}"
-    );
+    assert!(r["error"].as_str().unwrap().contains("needs a full snapshot"), "{r}");
     let info = vm.snapshot(&full, false);
     assert_eq!(info["incremental"], false);
     let r = vm.request("{\"cmd\":\"start\"}");
@@ -317,10 +234,7 @@ fn incremental_snapshot_holds_the_touched_pages() {
         (PAGES_TOUCHED..PAGES_TOUCHED + 4).contains(&pages),
         "guest touched {PAGES_TOUCHED} pages, incremental snapshot has {pages}: {info}"
     );
-    assert_eq!(
-        std::fs::metadata(inc.join("memory")).unwrap().len(),
-        pages * 4096
-    );
+    assert_eq!(std::fs::metadata(inc.join("memory")).unwrap().len(), pages * 4096);
     // The snapshotted VM resumes where it was.
     let seen = vm.log().len();
     assert_eq!(vm.request("{\"cmd\":\"resume\"}")["state"], "running");
@@ -328,28 +242,14 @@ fn incremental_snapshot_holds_the_touched_pages() {
     vm.stop();
 
     // base + overlay: the guest continues printing the byte it wrote.
-    let mut vm = spawn(
-        &["--restore", inc.to_str().unwrap()],
-        &d.join("api1"),
-        &d.join("log1"),
-    );
+    let mut vm = spawn(&["--restore", inc.to_str().unwrap()], &d.join("api1"), &d.join("log1"));
     let l = vm.wait_log("the written byte", |l| l.len() >= 3);
     vm.stop();
-    assert!(
-        !l.contains('A'),
-        "restored guest continues, does not restart: {l:?}"
-    );
-    assert!(
-        l.bytes().take(3).all(|b| b == b'X'),
-        "overlay page restored: {l:?}"
-    );
+    assert!(!l.contains('A'), "restored guest continues, does not restart: {l:?}");
+    assert!(l.bytes().take(3).all(|b| b == b'X'), "overlay page restored: {l:?}");
 
     // The base alone starts over from the beginning.
-    let mut vm = spawn(
-        &["--restore", full.to_str().unwrap()],
-        &d.join("api2"),
-        &d.join("log2"),
-    );
+    let mut vm = spawn(&["--restore", full.to_str().unwrap()], &d.join("api2"), &d.join("log2"));
     let l = vm.wait_log("the first output", |l| l.contains("B\n"));
     vm.stop();
     assert!(l.starts_with("AB\n"), "{l:?}");
@@ -374,13 +274,7 @@ fn refused(snap: &Path, d: &Path, extra: &[&str], expect: &str) {
     let api = d.join("refused.sock");
     let log = d.join("refused.log");
     let out = Command::new(env!("CARGO_BIN_EXE_burrow-vmm"))
-        .args([
-            "run",
-            "--restore",
-            snap.to_str().unwrap(),
-            "--api",
-            api.to_str().unwrap(),
-        ])
+        .args(["run", "--restore", snap.to_str().unwrap(), "--api", api.to_str().unwrap()])
         .args(["--serial-log", log.to_str().unwrap()])
         .args(extra)
         .output()
@@ -399,15 +293,7 @@ fn bad_snapshots_are_refused_with_status_2() {
     let disk = d.join("disk.img");
     std::fs::write(&disk, vec![0u8; 8192]).unwrap();
     let mut vm = spawn(
-        &[
-            "--kernel",
-            k.to_str().unwrap(),
-            "--mem",
-            "32",
-            "--paused",
-            "--disk",
-            disk.to_str().unwrap(),
-        ],
+        &["--kernel", k.to_str().unwrap(), "--mem", "32", "--paused", "--disk", disk.to_str().unwrap()],
         &d.join("api0"),
         &d.join("log0"),
     );
@@ -416,23 +302,8 @@ fn bad_snapshots_are_refused_with_status_2() {
     // Disks: the snapshot recorded one of 8 KiB.
     let small = d.join("small.img");
     std::fs::write(&small, vec![0u8; 4096]).unwrap();
-    assert_refused(
-        &snap,
-        &d,
-        &["--disk", small.to_str().unwrap()],
-        "is 4096 bytes, the snapshot's disk was 8192 bytes",
-    );
-    assert_refused(
-        &snap,
-        &d,
-        &[
-            "--disk",
-            small.to_str().unwrap(),
-            "--disk",
-            small.to_str().unwrap(),
-        ],
-        "2 disk paths given, the snapshot has 1 disks",
-    );
+    assert_refused(&snap, &d, &["--disk", small.to_str().unwrap()], "is 4096 bytes, the snapshot's disk was 8192 bytes");
+    assert_refused(&snap, &d, &["--disk", small.to_str().unwrap(), "--disk", small.to_str().unwrap()], "2 disk paths given, the snapshot has 1 disks");
     let good = std::fs::read(snap.join("state")).unwrap();
     let mem = std::fs::read(snap.join("memory")).unwrap();
     let bad = d.join("bad");
@@ -479,24 +350,14 @@ fn bad_snapshots_are_refused_with_status_2() {
     assert_refused(&bad, &d, &[], "memory regions do not match");
     with_state(&edited(&|v| v["vcpus"][0]["regs"] = "00ff".into()), &mem);
     assert_refused(&bad, &d, &[], "kvm_regs is 144 bytes, state has 2");
-    with_state(
-        &edited(&|v| v["vcpus"][0]["msrs"][0]["index"] = 0x1234_5678.into()),
-        &mem,
-    );
+    with_state(&edited(&|v| v["vcpus"][0]["msrs"][0]["index"] = 0x1234_5678.into()), &mem);
     assert_refused(&bad, &d, &[], "MSR 0x12345678 is not one KVM lists");
-    with_state(
-        &edited(&|v| v["devices"][0]["queues"][0]["max_size"] = 1024.into()),
-        &mem,
-    );
+    with_state(&edited(&|v| v["devices"][0]["queues"][0]["max_size"] = 1024.into()), &mem);
     assert_refused_late(&bad, &d, "max size 1024 but the device offers 256");
 
     // Untouched, the copy restores (the checks above refused for their reason only).
     with_state(&good, &mem);
-    let mut vm = spawn(
-        &["--restore", bad.to_str().unwrap(), "--paused"],
-        &d.join("api1"),
-        &d.join("log1"),
-    );
+    let mut vm = spawn(&["--restore", bad.to_str().unwrap(), "--paused"], &d.join("api1"), &d.join("log1"));
     assert_eq!(vm.request("{\"cmd\":\"status\"}")["state"], "created");
     vm.stop();
 }

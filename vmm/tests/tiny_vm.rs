@@ -46,11 +46,7 @@ fn vmm(args: &[&str]) -> Command {
 }
 
 fn run_with_timeout(mut cmd: Command, timeout: Duration) -> Output {
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let start = Instant::now();
     while child.try_wait().unwrap().is_none() {
         if start.elapsed() > timeout {
@@ -74,16 +70,10 @@ fn pvh_guest_prints_and_reboots_with_status_0() {
     code.extend_from_slice(&RESET);
     code.push(0xf4);
     let k = kernel(&d, &code, true);
-    let out = run_with_timeout(
-        vmm(&["--kernel", k.to_str().unwrap()]),
-        Duration::from_secs(20),
-    );
+    let out = run_with_timeout(vmm(&["--kernel", k.to_str().unwrap()]), Duration::from_secs(20));
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stdout.contains("hello from tiny guest"),
-        "stdout {stdout:?} stderr {stderr:?}"
-    );
+    assert!(stdout.contains("hello from tiny guest"), "stdout {stdout:?} stderr {stderr:?}");
     assert_eq!(out.status.code(), Some(0), "stderr {stderr:?}");
     assert!(stderr.contains("rebooted"), "{stderr}");
 }
@@ -95,16 +85,9 @@ fn long_mode_guest_without_pvh_note() {
     let mut code = print32(b"long mode\n");
     code.extend_from_slice(&RESET);
     let k = kernel(&d, &code, false);
-    let out = run_with_timeout(
-        vmm(&["--kernel", k.to_str().unwrap(), "--vcpus", "2"]),
-        Duration::from_secs(20),
-    );
+    let out = run_with_timeout(vmm(&["--kernel", k.to_str().unwrap(), "--vcpus", "2"]), Duration::from_secs(20));
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        stdout.contains("long mode"),
-        "{stdout:?} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(stdout.contains("long mode"), "{stdout:?} {}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(out.status.code(), Some(0));
 }
 
@@ -116,12 +99,7 @@ fn serial_log_file() {
     let k = kernel(&d, &code, true);
     let log = d.join("serial.log");
     let out = run_with_timeout(
-        vmm(&[
-            "--kernel",
-            k.to_str().unwrap(),
-            "--serial-log",
-            log.to_str().unwrap(),
-        ]),
+        vmm(&["--kernel", k.to_str().unwrap(), "--serial-log", log.to_str().unwrap()]),
         Duration::from_secs(20),
     );
     assert_eq!(out.status.code(), Some(0));
@@ -134,10 +112,7 @@ fn triple_fault_is_a_failure() {
     let d = tmpdir("fault");
     // ud2 with an empty IDT: #UD, #DF, then shutdown.
     let k = kernel(&d, &[0x0f, 0x0b], true);
-    let out = run_with_timeout(
-        vmm(&["--kernel", k.to_str().unwrap()]),
-        Duration::from_secs(20),
-    );
+    let out = run_with_timeout(vmm(&["--kernel", k.to_str().unwrap()]), Duration::from_secs(20));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("triple-fault"), "{stderr}");
@@ -149,10 +124,7 @@ fn halt_with_interrupts_off_is_poweroff() {
     let mut code = print32(b"halting\n");
     code.extend_from_slice(&[0xfa, 0xf4, 0xeb, 0xfd]); // cli; hlt; jmp back to hlt
     let k = kernel(&d, &code, true);
-    let out = run_with_timeout(
-        vmm(&["--kernel", k.to_str().unwrap()]),
-        Duration::from_secs(20),
-    );
+    let out = run_with_timeout(vmm(&["--kernel", k.to_str().unwrap()]), Duration::from_secs(20));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(stderr.contains("powered off"), "{stderr}");
@@ -175,25 +147,12 @@ fn guest_reads_virtio_mmio_registers() {
     code.extend_from_slice(&RESET);
     let k = kernel(&d, &code, true);
     let out = run_with_timeout(
-        vmm(&[
-            "--kernel",
-            k.to_str().unwrap(),
-            "--disk",
-            &format!("{}:ro", disk.display()),
-        ]),
+        vmm(&["--kernel", k.to_str().unwrap(), "--disk", &format!("{}:ro", disk.display())]),
         Duration::from_secs(20),
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        stdout.contains("virt2"),
-        "magic then device id 2 (block): {stdout:?}"
-    );
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("virt2"), "magic then device id 2 (block): {stdout:?}");
 }
 
 #[test]
@@ -201,18 +160,13 @@ fn bad_kernel_is_a_build_error() {
     let d = tmpdir("badkernel");
     let k = d.join("vmlinux");
     std::fs::write(&k, b"not an elf").unwrap();
-    let out = run_with_timeout(
-        vmm(&["--kernel", k.to_str().unwrap()]),
-        Duration::from_secs(20),
-    );
+    let out = run_with_timeout(vmm(&["--kernel", k.to_str().unwrap()]), Duration::from_secs(20));
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("kernel"));
 }
 
 fn request(s: &mut BufReader<UnixStream>, cmd: &str) -> String {
-    s.get_mut()
-        .write_all(format!("{{\"cmd\":\"{cmd}\"}}\n").as_bytes())
-        .unwrap();
+    s.get_mut().write_all(format!("{{\"cmd\":\"{cmd}\"}}\n").as_bytes()).unwrap();
     loop {
         let mut line = String::new();
         s.read_line(&mut line).unwrap();
@@ -229,18 +183,8 @@ fn control_api_start_pause_resume_stop() {
     code.extend_from_slice(&[0xeb, 0xfe]); // jmp $
     let k = kernel(&d, &code, true);
     let api = d.join("api.sock");
-    let mut cmd = vmm(&[
-        "--kernel",
-        k.to_str().unwrap(),
-        "--api",
-        api.to_str().unwrap(),
-        "--paused",
-    ]);
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut cmd = vmm(&["--kernel", k.to_str().unwrap(), "--api", api.to_str().unwrap(), "--paused"]);
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     // Read the console as it comes, so the test can wait for the guest to
     // have run before it stops it (on a loaded host that takes a while).
     let mut console = BufReader::new(child.stdout.take().unwrap());
@@ -262,15 +206,10 @@ fn control_api_start_pause_resume_stop() {
         if let Ok(s) = UnixStream::connect(&api) {
             break s;
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "API socket never appeared"
-        );
+        assert!(start.elapsed() < Duration::from_secs(10), "API socket never appeared");
         std::thread::sleep(Duration::from_millis(20));
     };
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut s = BufReader::new(stream);
     assert!(request(&mut s, "status").contains("created"));
     assert!(request(&mut s, "start").contains("running"));

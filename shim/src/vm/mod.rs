@@ -491,10 +491,7 @@ impl VmSandbox {
             std::fs::create_dir_all(&unpacked)
                 .and_then(|()| std::fs::copy(from.join("state"), unpacked.join("state")))
                 .map_err(|e| {
-                    SandboxError::Internal(format!(
-                        "copying the VM state to {}: {e}",
-                        unpacked.display()
-                    ))
+                    SandboxError::Internal(format!("copying the VM state to {}: {e}", unpacked.display()))
                 })?;
             let memory = (
                 from.join(snapshot::packed(snapshot::MEMORY)),
@@ -662,14 +659,8 @@ impl VmSandbox {
         if packed {
             let memory = vm_dir.join(snapshot::MEMORY);
             let jobs = [
-                (
-                    memory.clone(),
-                    vm_dir.join(snapshot::packed(snapshot::MEMORY)),
-                ),
-                (
-                    rootfs.disk.clone(),
-                    dir.join(snapshot::packed(snapshot::ROOTFS)),
-                ),
+                (memory.clone(), vm_dir.join(snapshot::packed(snapshot::MEMORY))),
+                (rootfs.disk.clone(), dir.join(snapshot::packed(snapshot::ROOTFS))),
             ];
             for (from, to) in jobs {
                 sparse_job("packing", from, to, sparse::pack).await?;

@@ -132,12 +132,7 @@ pub fn unpack(src: &Path, dst: &Path) -> std::io::Result<()> {
         let stop = off
             .checked_add(len)
             .filter(|s| len > 0 && off >= end && *s <= size)
-            .ok_or_else(|| {
-                bad(
-                    src,
-                    format!("extent {off}+{len} is out of order or beyond {size}"),
-                )
-            })?;
+            .ok_or_else(|| bad(src, format!("extent {off}+{len} is out of order or beyond {size}")))?;
         end = stop;
         data += len;
         ext.push((off, len));
@@ -145,10 +140,7 @@ pub fn unpack(src: &Path, dst: &Path) -> std::io::Result<()> {
     if header.checked_add(data) != Some(total) {
         return Err(bad(
             src,
-            format!(
-                "{total} bytes, the header promises {}",
-                header.saturating_add(data)
-            ),
+            format!("{total} bytes, the header promises {}", header.saturating_add(data)),
         ));
     }
     let mut out = File::create(dst)?;
@@ -184,18 +176,12 @@ mod tests {
         let (src, packed, back) = (d.path().join("m"), d.path().join("p"), d.path().join("b"));
         let want = sparse_file(&src);
         let n = pack(&src, &packed).unwrap();
-        assert!(
-            n < 1 << 20,
-            "packed {n} bytes for a 64 MiB file with 3 small extents"
-        );
+        assert!(n < 1 << 20, "packed {n} bytes for a 64 MiB file with 3 small extents");
         assert_eq!(n, std::fs::metadata(&packed).unwrap().len());
         unpack(&packed, &back).unwrap();
         assert_eq!(std::fs::read(&back).unwrap(), want);
         use std::os::unix::fs::MetadataExt;
-        assert!(
-            std::fs::metadata(&back).unwrap().blocks() * 512 < 4 << 20,
-            "unpacked file is not sparse"
-        );
+        assert!(std::fs::metadata(&back).unwrap().blocks() * 512 < 4 << 20, "unpacked file is not sparse");
     }
 
     #[test]

@@ -5,11 +5,11 @@
 pub mod format;
 pub mod memory;
 pub mod microvm;
-#[cfg(test)]
-mod persist_tests;
 pub mod pod;
 pub mod vcpu;
 pub mod vm;
+#[cfg(test)]
+mod persist_tests;
 
 pub use format::{read_state_file, write_state_file, SnapshotError, FORMAT_VERSION, MAX_STATE_LEN};
 

@@ -51,9 +51,7 @@ pub fn from_bytes<T: Plain>(bytes: &[u8]) -> Option<T> {
     }
     let mut v = T::default();
     // SAFETY: the lengths match and any byte pattern is a valid `T` (Plain).
-    unsafe {
-        std::ptr::copy_nonoverlapping(bytes.as_ptr(), (&mut v as *mut T).cast::<u8>(), bytes.len())
-    };
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), (&mut v as *mut T).cast::<u8>(), bytes.len()) };
     Some(v)
 }
 
@@ -138,11 +136,7 @@ mod tests {
 
     #[test]
     fn round_trip_and_length_check() {
-        let regs = kvm_bindings::kvm_regs {
-            rip: 0x1234,
-            rax: u64::MAX,
-            ..Default::default()
-        };
+        let regs = kvm_bindings::kvm_regs { rip: 0x1234, rax: u64::MAX, ..Default::default() };
         let json = serde_json::to_string(&Pod(regs)).unwrap();
         let back: Pod<kvm_bindings::kvm_regs> = serde_json::from_str(&json).unwrap();
         assert_eq!(back.0.rip, 0x1234);

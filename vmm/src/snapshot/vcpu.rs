@@ -10,8 +10,9 @@
 //! events.
 
 use kvm_bindings::{
-    kvm_cpuid_entry2, kvm_debugregs, kvm_fpu, kvm_lapic_state, kvm_mp_state, kvm_msr_entry,
-    kvm_regs, kvm_sregs, kvm_vcpu_events, kvm_xcrs, kvm_xsave, CpuId, Msrs, KVM_MAX_CPUID_ENTRIES,
+    kvm_cpuid_entry2, kvm_debugregs, kvm_fpu, kvm_lapic_state, kvm_mp_state,
+    kvm_msr_entry, kvm_regs, kvm_sregs, kvm_vcpu_events, kvm_xcrs, kvm_xsave, CpuId, Msrs,
+    KVM_MAX_CPUID_ENTRIES,
 };
 use kvm_ioctls::{Kvm, VcpuFd};
 use serde::{Deserialize, Serialize};
@@ -28,11 +29,7 @@ pub enum VcpuStateError {
     #[error("KVM ioctl {0} failed: {1}")]
     Ioctl(&'static str, #[source] kvm_ioctls::Error),
     #[error("KVM_SET_MSRS stopped at MSR {index:#x} ({set} of {total} set)")]
-    SetMsrs {
-        index: u32,
-        set: usize,
-        total: usize,
-    },
+    SetMsrs { index: u32, set: usize, total: usize },
     #[error("invalid vCPU state: {0}")]
     Invalid(String),
     #[error("vCPU {id}: TSC frequency {saved} kHz cannot be set (this host runs at {host} kHz): {source}")]
@@ -89,12 +86,7 @@ pub fn msrs_to_save(kvm: &Kvm) -> Result<Vec<u32>, VcpuStateError> {
     let list = kvm
         .get_msr_index_list()
         .map_err(ioctl("KVM_GET_MSR_INDEX_LIST"))?;
-    let mut v: Vec<u32> = list
-        .as_slice()
-        .iter()
-        .copied()
-        .filter(|i| !NOT_SAVED.contains(i))
-        .collect();
+    let mut v: Vec<u32> = list.as_slice().iter().copied().filter(|i| !NOT_SAVED.contains(i)).collect();
     v.truncate(MAX_MSRS);
     Ok(v)
 }
@@ -107,18 +99,12 @@ pub fn get_msrs(vcpu: &VcpuFd, indexes: &[u32]) -> Result<Vec<Msr>, VcpuStateErr
     while !rest.is_empty() {
         let entries: Vec<kvm_msr_entry> = rest
             .iter()
-            .map(|&index| kvm_msr_entry {
-                index,
-                ..Default::default()
-            })
+            .map(|&index| kvm_msr_entry { index, ..Default::default() })
             .collect();
         let mut msrs = Msrs::from_entries(&entries)
             .map_err(|e| VcpuStateError::Invalid(format!("MSR list: {e:?}")))?;
         let n = vcpu.get_msrs(&mut msrs).map_err(ioctl("KVM_GET_MSRS"))?;
-        out.extend(msrs.as_slice().iter().take(n).map(|e| Msr {
-            index: e.index,
-            data: e.data,
-        }));
+        out.extend(msrs.as_slice().iter().take(n).map(|e| Msr { index: e.index, data: e.data }));
         if let Some(skipped) = rest.get(n) {
             tracing::debug!("MSR {skipped:#x} is not readable; not saved");
         }
@@ -135,11 +121,7 @@ pub fn save(id: usize, vcpu: &VcpuFd, msr_list: &[u32]) -> Result<VcpuState, Vcp
         .map_err(ioctl("KVM_GET_CPUID2"))?;
     let xsave = match vcpu.get_xsave() {
         Ok(x) => Some(Pod(x)),
-        Err(e)
-            if e.errno() == libc::EINVAL
-                || e.errno() == libc::ENOTTY
-                || e.errno() == libc::EOPNOTSUPP =>
-        {
+        Err(e) if e.errno() == libc::EINVAL || e.errno() == libc::ENOTTY || e.errno() == libc::EOPNOTSUPP => {
             tracing::debug!("vcpu{id}: KVM_GET_XSAVE unavailable ({e}); saving the FPU state only");
             None
         }
@@ -147,13 +129,7 @@ pub fn save(id: usize, vcpu: &VcpuFd, msr_list: &[u32]) -> Result<VcpuState, Vcp
     };
     let xcrs = match vcpu.get_xcrs() {
         Ok(x) => Some(Pod(x)),
-        Err(e)
-            if e.errno() == libc::EINVAL
-                || e.errno() == libc::ENOTTY
-                || e.errno() == libc::EOPNOTSUPP =>
-        {
-            None
-        }
+        Err(e) if e.errno() == libc::EINVAL || e.errno() == libc::ENOTTY || e.errno() == libc::EOPNOTSUPP => None,
         Err(e) => return Err(VcpuStateError::Ioctl("KVM_GET_XCRS", e)),
     };
     let tsc_khz = vcpu.get_tsc_khz().ok();
@@ -168,9 +144,7 @@ pub fn save(id: usize, vcpu: &VcpuFd, msr_list: &[u32]) -> Result<VcpuState, Vcp
         xcrs,
         lapic: Pod(vcpu.get_lapic().map_err(ioctl("KVM_GET_LAPIC"))?),
         mp_state: Pod(vcpu.get_mp_state().map_err(ioctl("KVM_GET_MP_STATE"))?),
-        events: Pod(vcpu
-            .get_vcpu_events()
-            .map_err(ioctl("KVM_GET_VCPU_EVENTS"))?),
+        events: Pod(vcpu.get_vcpu_events().map_err(ioctl("KVM_GET_VCPU_EVENTS"))?),
         debug_regs: Pod(vcpu.get_debug_regs().map_err(ioctl("KVM_GET_DEBUGREGS"))?),
         tsc_khz,
     })
@@ -186,11 +160,7 @@ pub fn validate(state: &VcpuState, allowed_msrs: &[u32]) -> Result<(), VcpuState
         )));
     }
     if state.msrs.len() > MAX_MSRS {
-        return Err(VcpuStateError::Invalid(format!(
-            "vcpu{}: {} MSRs",
-            state.id,
-            state.msrs.len()
-        )));
+        return Err(VcpuStateError::Invalid(format!("vcpu{}: {} MSRs", state.id, state.msrs.len())));
     }
     if let Some(m) = state.msrs.iter().find(|m| !allowed_msrs.contains(&m.index)) {
         return Err(VcpuStateError::Invalid(format!(
@@ -200,10 +170,7 @@ pub fn validate(state: &VcpuState, allowed_msrs: &[u32]) -> Result<(), VcpuState
     }
     if let Some(khz) = state.tsc_khz {
         if khz == 0 {
-            return Err(VcpuStateError::Invalid(format!(
-                "vcpu{}: TSC frequency 0",
-                state.id
-            )));
+            return Err(VcpuStateError::Invalid(format!("vcpu{}: TSC frequency 0", state.id)));
         }
     }
     Ok(())
@@ -214,11 +181,7 @@ pub fn validate(state: &VcpuState, allowed_msrs: &[u32]) -> Result<(), VcpuState
 fn ordered_msrs(msrs: &[Msr]) -> Vec<kvm_msr_entry> {
     let mut v: Vec<kvm_msr_entry> = msrs
         .iter()
-        .map(|m| kvm_msr_entry {
-            index: m.index,
-            data: m.data,
-            ..Default::default()
-        })
+        .map(|m| kvm_msr_entry { index: m.index, data: m.data, ..Default::default() })
         .collect();
     v.sort_by_key(|e| match e.index {
         MSR_IA32_TSC => 0,
@@ -236,24 +199,16 @@ pub fn restore(vcpu: &VcpuFd, state: &VcpuState) -> Result<(), VcpuStateError> {
         // Within 250 ppm counts as the same clock (what Firecracker allows).
         if u64::from(saved.abs_diff(host)) * 4000 > u64::from(saved) {
             vcpu.set_tsc_khz(saved)
-                .map_err(|source| VcpuStateError::TscKhz {
-                    id,
-                    saved,
-                    host,
-                    source,
-                })?;
+                .map_err(|source| VcpuStateError::TscKhz { id, saved, host, source })?;
         }
     }
     let entries: Vec<kvm_cpuid_entry2> = state.cpuid.iter().map(|p| p.0).collect();
     let cpuid = CpuId::from_entries(&entries)
         .map_err(|e| VcpuStateError::Invalid(format!("vcpu{id}: CPUID: {e:?}")))?;
     vcpu.set_cpuid2(&cpuid).map_err(ioctl("KVM_SET_CPUID2"))?;
-    vcpu.set_mp_state(state.mp_state.0)
-        .map_err(ioctl("KVM_SET_MP_STATE"))?;
-    vcpu.set_regs(&state.regs.0)
-        .map_err(ioctl("KVM_SET_REGS"))?;
-    vcpu.set_sregs(&state.sregs.0)
-        .map_err(ioctl("KVM_SET_SREGS"))?;
+    vcpu.set_mp_state(state.mp_state.0).map_err(ioctl("KVM_SET_MP_STATE"))?;
+    vcpu.set_regs(&state.regs.0).map_err(ioctl("KVM_SET_REGS"))?;
+    vcpu.set_sregs(&state.sregs.0).map_err(ioctl("KVM_SET_SREGS"))?;
     vcpu.set_fpu(&state.fpu.0).map_err(ioctl("KVM_SET_FPU"))?;
     if let Some(x) = &state.xsave {
         // SAFETY: a legacy 4 KiB kvm_xsave, as KVM_GET_XSAVE returned it.
@@ -262,10 +217,8 @@ pub fn restore(vcpu: &VcpuFd, state: &VcpuState) -> Result<(), VcpuStateError> {
     if let Some(x) = &state.xcrs {
         vcpu.set_xcrs(&x.0).map_err(ioctl("KVM_SET_XCRS"))?;
     }
-    vcpu.set_debug_regs(&state.debug_regs.0)
-        .map_err(ioctl("KVM_SET_DEBUGREGS"))?;
-    vcpu.set_lapic(&state.lapic.0)
-        .map_err(ioctl("KVM_SET_LAPIC"))?;
+    vcpu.set_debug_regs(&state.debug_regs.0).map_err(ioctl("KVM_SET_DEBUGREGS"))?;
+    vcpu.set_lapic(&state.lapic.0).map_err(ioctl("KVM_SET_LAPIC"))?;
     let entries = ordered_msrs(&state.msrs);
     let msrs = Msrs::from_entries(&entries)
         .map_err(|e| VcpuStateError::Invalid(format!("vcpu{id}: MSRs: {e:?}")))?;
@@ -277,8 +230,7 @@ pub fn restore(vcpu: &VcpuFd, state: &VcpuState) -> Result<(), VcpuStateError> {
             total: entries.len(),
         });
     }
-    vcpu.set_vcpu_events(&state.events.0)
-        .map_err(ioctl("KVM_SET_VCPU_EVENTS"))?;
+    vcpu.set_vcpu_events(&state.events.0).map_err(ioctl("KVM_SET_VCPU_EVENTS"))?;
     Ok(())
 }
 
@@ -289,18 +241,9 @@ mod tests {
     #[test]
     fn tsc_deadline_is_restored_after_tsc() {
         let msrs = [
-            Msr {
-                index: MSR_IA32_TSC_DEADLINE,
-                data: 5,
-            },
-            Msr {
-                index: 0x174,
-                data: 1,
-            },
-            Msr {
-                index: MSR_IA32_TSC,
-                data: 7,
-            },
+            Msr { index: MSR_IA32_TSC_DEADLINE, data: 5 },
+            Msr { index: 0x174, data: 1 },
+            Msr { index: MSR_IA32_TSC, data: 7 },
         ];
         let order: Vec<u32> = ordered_msrs(&msrs).iter().map(|e| e.index).collect();
         assert_eq!(order, vec![MSR_IA32_TSC, 0x174, MSR_IA32_TSC_DEADLINE]);

@@ -27,12 +27,8 @@ fn ioctl(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VcpuStateError
 }
 
 fn get_chip(vm: &VmFd, chip_id: u32) -> Result<Pod<kvm_irqchip>, VcpuStateError> {
-    let mut chip = kvm_irqchip {
-        chip_id,
-        ..Default::default()
-    };
-    vm.get_irqchip(&mut chip)
-        .map_err(ioctl("KVM_GET_IRQCHIP"))?;
+    let mut chip = kvm_irqchip { chip_id, ..Default::default() };
+    vm.get_irqchip(&mut chip).map_err(ioctl("KVM_GET_IRQCHIP"))?;
     Ok(Pod(chip))
 }
 
@@ -66,10 +62,7 @@ pub fn restore(vm: &VmFd, state: &VmState) -> Result<(), VcpuStateError> {
     // Only the clock value: the flags KVM_GET_CLOCK reports (TSC_STABLE,
     // HOST_TSC, REALTIME) describe the old host; setting REALTIME would
     // make KVM advance the clock by the wall time the VM spent saved.
-    let clock = kvm_clock_data {
-        clock: state.clock.0.clock,
-        ..Default::default()
-    };
+    let clock = kvm_clock_data { clock: state.clock.0.clock, ..Default::default() };
     vm.set_clock(&clock).map_err(ioctl("KVM_SET_CLOCK"))?;
     Ok(())
 }

@@ -87,10 +87,7 @@ impl Vmm {
         let dir = dir.canonicalize().map_err(io("cannot resolve", dir))?;
         if let Some((base_dir, _)) = &base {
             if *base_dir == dir {
-                return Err(format!(
-                    "{} holds the base snapshot; write the incremental one elsewhere",
-                    dir.display()
-                ));
+                return Err(format!("{} holds the base snapshot; write the incremental one elsewhere", dir.display()));
             }
         }
 
@@ -111,11 +108,7 @@ impl Vmm {
         let vm = snapshot::vm::save(&self.vm).map_err(|e| e.to_string())?;
         let serial = lock(&self.bus.serial).save();
         let i8042 = lock(&self.bus.i8042).save();
-        let devices: Vec<_> = self
-            .devices
-            .iter()
-            .map(|d| lock(&d.transport).save())
-            .collect();
+        let devices: Vec<_> = self.devices.iter().map(|d| lock(&d.transport).save()).collect();
         if let Some(t) = devices.iter().find_map(|d| match d.device {
             DeviceState::Unsupported(t) => Some(t),
             _ => None,
@@ -136,9 +129,7 @@ impl Vmm {
                 let mut offset = 0u64;
                 let mut pages = 0;
                 for slice in microvm::region_slices(&self.mem) {
-                    pages += write_sparse(&file, offset, slice)
-                        .map_err(io("cannot write", &tmp))?
-                        .pages_written;
+                    pages += write_sparse(&file, offset, slice).map_err(io("cannot write", &tmp))?.pages_written;
                     offset += slice.len() as u64;
                 }
                 self.start_dirty_log()?;
@@ -146,16 +137,8 @@ impl Vmm {
             }
             Some((base_dir, base_id)) => {
                 let runs = self.take_dirty_pages()?;
-                let pages = microvm::write_runs(&file, &self.mem, &runs)
-                    .map_err(io("cannot write", &tmp))?;
-                (
-                    MemoryKind::Incremental {
-                        base_dir,
-                        base_id,
-                        runs,
-                    },
-                    pages,
-                )
+                let pages = microvm::write_runs(&file, &self.mem, &runs).map_err(io("cannot write", &tmp))?;
+                (MemoryKind::Incremental { base_dir, base_id, runs }, pages)
             }
         };
         file.sync_all().map_err(io("cannot sync", &tmp))?;
@@ -199,9 +182,7 @@ impl Vmm {
             match super::register_memory(&self.vm, &self.mem, true) {
                 Ok(()) => self.dirty_log = true,
                 Err(e) => {
-                    tracing::warn!(
-                        "cannot enable dirty logging ({e}); incremental snapshots will be refused"
-                    );
+                    tracing::warn!("cannot enable dirty logging ({e}); incremental snapshots will be refused");
                     return Ok(());
                 }
             }

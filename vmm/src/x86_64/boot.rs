@@ -4,16 +4,16 @@
 use std::fs::File;
 use std::path::Path;
 
-use crate::GuestMemoryMmap;
 use linux_loader::loader::bootparam::boot_params;
 use linux_loader::loader::elf::{Elf, PvhBootCapability};
 use linux_loader::loader::KernelLoader;
+use crate::GuestMemoryMmap;
 use vm_memory::{Bytes, GuestAddress};
 
 use super::e820::{e820_map, E820Entry};
 use super::layout::{
-    CMDLINE_MAX_SIZE, CMDLINE_START, HIMEM_START, MMIO_GAP_START, PVH_INFO_START, PVH_MEMMAP_START,
-    PVH_MODLIST_START, ZERO_PAGE_START,
+    CMDLINE_MAX_SIZE, CMDLINE_START, HIMEM_START, MMIO_GAP_START, PVH_INFO_START,
+    PVH_MEMMAP_START, PVH_MODLIST_START, ZERO_PAGE_START,
 };
 use super::regs::BootProtocol;
 
@@ -33,11 +33,7 @@ pub enum BootError {
     #[error("kernel command line contains a NUL byte")]
     CmdlineNul,
     #[error("initramfs of {size} bytes does not fit in guest RAM below {limit:#x} above the kernel (ends {kernel_end:#x})")]
-    InitrdTooBig {
-        size: u64,
-        limit: u64,
-        kernel_end: u64,
-    },
+    InitrdTooBig { size: u64, limit: u64, kernel_end: u64 },
     #[error("cannot read initramfs: {0}")]
     InitrdRead(#[source] vm_memory::GuestMemoryError),
     #[error("cannot write boot information to guest memory: {0}")]
@@ -288,15 +284,7 @@ mod tests {
     #[test]
     fn zero_page_fields() {
         let map = e820_map(256 << 20);
-        let p = zero_page(
-            &map,
-            Some(InitrdPlacement {
-                addr: 0x100_0000,
-                size: 77,
-            }),
-            12,
-        )
-        .unwrap();
+        let p = zero_page(&map, Some(InitrdPlacement { addr: 0x100_0000, size: 77 }), 12).unwrap();
         let hdr = p.hdr;
         assert_eq!({ hdr.boot_flag }, 0xaa55);
         assert_eq!({ hdr.header }, KERNEL_HDR_MAGIC);
@@ -312,18 +300,9 @@ mod tests {
         let b = pvh_start_info(1, 3);
         assert_eq!(b.len(), 56);
         assert_eq!(&b[0..4], &XEN_HVM_START_MAGIC.to_le_bytes());
-        assert_eq!(
-            u64::from_le_bytes(b[16..24].try_into().unwrap()),
-            PVH_MODLIST_START
-        );
-        assert_eq!(
-            u64::from_le_bytes(b[24..32].try_into().unwrap()),
-            CMDLINE_START
-        );
-        assert_eq!(
-            u64::from_le_bytes(b[40..48].try_into().unwrap()),
-            PVH_MEMMAP_START
-        );
+        assert_eq!(u64::from_le_bytes(b[16..24].try_into().unwrap()), PVH_MODLIST_START);
+        assert_eq!(u64::from_le_bytes(b[24..32].try_into().unwrap()), CMDLINE_START);
+        assert_eq!(u64::from_le_bytes(b[40..48].try_into().unwrap()), PVH_MEMMAP_START);
         assert_eq!(u32::from_le_bytes(b[48..52].try_into().unwrap()), 3);
     }
 
@@ -333,13 +312,7 @@ mod tests {
         let k = std::env::temp_dir().join(format!("burrow-pvh-{}", std::process::id()));
         std::fs::write(&k, crate::probe::tiny_elf(0x20_0000, &[0xf4], true)).unwrap();
         let e = load(&mem, 32 << 20, &k, None, "").unwrap();
-        assert_eq!(
-            e,
-            BootEntry {
-                protocol: BootProtocol::Pvh,
-                entry: 0x20_0000
-            }
-        );
+        assert_eq!(e, BootEntry { protocol: BootProtocol::Pvh, entry: 0x20_0000 });
         let magic: u32 = mem.read_obj(GuestAddress(PVH_INFO_START)).unwrap();
         assert_eq!(magic, XEN_HVM_START_MAGIC);
         std::fs::remove_file(&k).unwrap();
@@ -355,13 +328,7 @@ mod tests {
         let initrd = dir.join("initrd");
         std::fs::write(&initrd, b"070701").unwrap();
         let e = load(&mem, 32 << 20, &k, Some(&initrd), "console=ttyS0").unwrap();
-        assert_eq!(
-            e,
-            BootEntry {
-                protocol: BootProtocol::Linux64,
-                entry: 0x100_0000
-            }
-        );
+        assert_eq!(e, BootEntry { protocol: BootProtocol::Linux64, entry: 0x100_0000 });
         let byte: u8 = mem.read_obj(GuestAddress(0x100_0000)).unwrap();
         assert_eq!(byte, 0xf4);
         let p: boot_params = mem.read_obj(GuestAddress(ZERO_PAGE_START)).unwrap();

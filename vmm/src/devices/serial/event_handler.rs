@@ -16,10 +16,7 @@ impl Serial {
                 self.enqueue_input(buf.get(..n).unwrap_or_default());
                 true
             }
-            Err(e) => {
-                e.kind() == std::io::ErrorKind::Interrupted
-                    || e.kind() == std::io::ErrorKind::WouldBlock
-            }
+            Err(e) => e.kind() == std::io::ErrorKind::Interrupted || e.kind() == std::io::ErrorKind::WouldBlock,
         }
     }
 }

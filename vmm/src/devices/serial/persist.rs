@@ -66,9 +66,8 @@ impl Persist for Serial {
             // vm-superio refuses more than its FIFO holds.
             in_buffer: s.in_buffer.clone(),
         };
-        let uart =
-            vm_superio::Serial::from_state(&state, ctx.irq, vm_superio::serial::NoEvents, ctx.out)
-                .map_err(|e| SerialPersistError(format!("{e:?}")))?;
+        let uart = vm_superio::Serial::from_state(&state, ctx.irq, vm_superio::serial::NoEvents, ctx.out)
+            .map_err(|e| SerialPersistError(format!("{e:?}")))?;
         Ok(Serial { uart })
     }
 }

@@ -4,8 +4,8 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::GuestMemoryMmap;
 use virtio_queue::{Queue, QueueT};
+use crate::GuestMemoryMmap;
 
 use super::{IrqTrigger, VirtioDevice, VIRTIO_F_VERSION_1, VIRTIO_MMIO_INT_CONFIG};
 
@@ -207,10 +207,7 @@ impl MmioTransport {
             return;
         }
         let Ok(bytes) = <[u8; 4]>::try_from(data) else {
-            tracing::debug!(
-                "ignoring {}-byte virtio-mmio write at {offset:#x}",
-                data.len()
-            );
+            tracing::debug!("ignoring {}-byte virtio-mmio write at {offset:#x}", data.len());
             return;
         };
         let v = u32::from_le_bytes(bytes);
@@ -224,8 +221,8 @@ impl MmioTransport {
                 let avail = self.device.avail_features();
                 match self.acked_features_sel {
                     0 => {
-                        self.acked_features = (self.acked_features & !0xffff_ffff)
-                            | (u64::from(v) & avail & 0xffff_ffff)
+                        self.acked_features =
+                            (self.acked_features & !0xffff_ffff) | (u64::from(v) & avail & 0xffff_ffff)
                     }
                     1 => {
                         self.acked_features = (self.acked_features & 0xffff_ffff)
@@ -333,10 +330,7 @@ impl MmioTransport {
             self.irq.clone(),
             self.acked_features,
         ) {
-            tracing::warn!(
-                "virtio device {} activation failed: {e}",
-                self.device.device_type()
-            );
+            tracing::warn!("virtio device {} activation failed: {e}", self.device.device_type());
             self.set_needs_reset();
         }
     }
@@ -397,11 +391,7 @@ mod tests {
     }
 
     fn transport() -> MmioTransport {
-        let dev = Dummy {
-            active: false,
-            notified: vec![],
-            config: [1, 2, 3, 4, 5, 6, 7, 8],
-        };
+        let dev = Dummy { active: false, notified: vec![], config: [1, 2, 3, 4, 5, 6, 7, 8] };
         MmioTransport::new(Box::new(dev), memory(1 << 20), IrqTrigger::new().unwrap()).unwrap()
     }
 
@@ -461,16 +451,8 @@ mod tests {
         w(&mut t, REG_DRIVER_FEATURES, 1);
         w(&mut t, REG_DRIVER_FEATURES_SEL, 0);
         w(&mut t, REG_DRIVER_FEATURES, 0xffff_ffff);
-        assert_eq!(
-            t.acked_features,
-            VIRTIO_F_VERSION_1 | 0b101,
-            "masked by offer"
-        );
-        w(
-            &mut t,
-            REG_STATUS,
-            STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_FEATURES_OK,
-        );
+        assert_eq!(t.acked_features, VIRTIO_F_VERSION_1 | 0b101, "masked by offer");
+        w(&mut t, REG_STATUS, STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_FEATURES_OK);
         assert_ne!(r(&mut t, REG_STATUS) & STATUS_FEATURES_OK, 0);
         setup_queue(&mut t, 0, &DriverQueue::new(0x1000, 16));
         setup_queue(&mut t, 1, &DriverQueue::new(0x4000, 8));
@@ -479,11 +461,7 @@ mod tests {
         assert!(t.device().is_activated());
         w(&mut t, REG_QUEUE_NOTIFY, 1);
         w(&mut t, REG_QUEUE_NOTIFY, 5);
-        assert_ne!(
-            r(&mut t, REG_STATUS) & STATUS_NEEDS_RESET,
-            0,
-            "bad queue index is a device error"
-        );
+        assert_ne!(r(&mut t, REG_STATUS) & STATUS_NEEDS_RESET, 0, "bad queue index is a device error");
         assert_ne!(r(&mut t, REG_INTERRUPT_STATUS) & VIRTIO_MMIO_INT_CONFIG, 0);
         w(&mut t, REG_INTERRUPT_ACK, VIRTIO_MMIO_INT_CONFIG);
         assert_eq!(r(&mut t, REG_INTERRUPT_STATUS), 0);
@@ -501,11 +479,7 @@ mod tests {
         let mut t = transport();
         w(&mut t, REG_STATUS, STATUS_ACKNOWLEDGE | STATUS_DRIVER);
         w(&mut t, REG_DRIVER_FEATURES, 0b1);
-        w(
-            &mut t,
-            REG_STATUS,
-            STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_FEATURES_OK,
-        );
+        w(&mut t, REG_STATUS, STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_FEATURES_OK);
         assert_eq!(r(&mut t, REG_STATUS) & STATUS_FEATURES_OK, 0);
         w(&mut t, REG_STATUS, 0xf);
         assert!(!t.device().is_activated());

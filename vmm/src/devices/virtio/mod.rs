@@ -13,8 +13,8 @@ use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use crate::GuestMemoryMmap;
 use virtio_queue::Queue;
+use crate::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 /// VIRTIO_F_VERSION_1: the only (modern) interface we offer.

@@ -4,9 +4,9 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::GuestMemoryMmap;
 use serde::{Deserialize, Serialize};
 use virtio_queue::{Queue, QueueState, QueueT};
+use crate::GuestMemoryMmap;
 
 use super::block::persist::BlockState;
 use super::mmio::MmioTransport;
@@ -69,10 +69,7 @@ impl QueueSnap {
     ) -> Result<Queue, VirtioPersistError> {
         let err = |what: String| VirtioPersistError::Queue { index, what };
         if self.max_size != max_size {
-            return Err(err(format!(
-                "max size {} but the device offers {max_size}",
-                self.max_size
-            )));
+            return Err(err(format!("max size {} but the device offers {max_size}", self.max_size)));
         }
         let q = Queue::try_from(QueueState {
             max_size: self.max_size,
@@ -101,9 +98,7 @@ pub struct ActiveState {
 
 impl ActiveState {
     pub fn of(queues: &[Queue]) -> Self {
-        Self {
-            queues: queues.iter().map(QueueSnap::of).collect(),
-        }
+        Self { queues: queues.iter().map(QueueSnap::of).collect() }
     }
 
     /// The queues, checked against the device's and guest memory.
@@ -191,10 +186,7 @@ impl Persist for MmioTransport {
     fn restore(ctx: MmioContext, state: &MmioState) -> Result<Self, VirtioPersistError> {
         let expected = ctx.device.device_type();
         if state.device_type != expected {
-            return Err(VirtioPersistError::DeviceType {
-                expected,
-                found: state.device_type,
-            });
+            return Err(VirtioPersistError::DeviceType { expected, found: state.device_type });
         }
         let max_sizes = ctx.device.queue_max_sizes().to_vec();
         if state.queues.len() != max_sizes.len() {
@@ -210,9 +202,7 @@ impl Persist for MmioTransport {
             .enumerate()
             .map(|(i, (q, &max))| q.to_queue(i, max, &ctx.mem))
             .collect::<Result<Vec<_>, _>>()?;
-        ctx.irq
-            .status
-            .store(state.interrupt_status, Ordering::SeqCst);
+        ctx.irq.status.store(state.interrupt_status, Ordering::SeqCst);
         let mut t = MmioTransport::new(ctx.device, ctx.mem, ctx.irq)
             .map_err(|e| VirtioPersistError::Backend(e.to_string()))?;
         t.set_registers(

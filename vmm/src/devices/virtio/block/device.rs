@@ -2,8 +2,8 @@ use std::fs::{File, OpenOptions};
 use std::io::{Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
-use crate::GuestMemoryMmap;
 use virtio_queue::{Queue, QueueT};
+use crate::GuestMemoryMmap;
 use vm_memory::{Bytes, GuestAddress};
 
 use crate::devices::virtio::queue::{add_used, collect_chain, pop_chain, QueueError};
@@ -246,9 +246,7 @@ pub(crate) fn parse_request(
     if first.is_write_only() || first.len() < 16 {
         return Err(RequestError::BadHeader);
     }
-    let header: [u8; 16] = mem
-        .read_obj(first.addr())
-        .map_err(|_| RequestError::Memory)?;
+    let header: [u8; 16] = mem.read_obj(first.addr()).map_err(|_| RequestError::Memory)?;
     let mut kind = [0u8; 4];
     kind.copy_from_slice(&header[0..4]);
     let mut sector = [0u8; 8];
@@ -262,10 +260,8 @@ pub(crate) fn parse_request(
     let device_writes = matches!(kind, VIRTIO_BLK_T_IN | VIRTIO_BLK_T_GET_ID);
     let mut data_len: u64 = 0;
     for d in data {
-        if matches!(
-            kind,
-            VIRTIO_BLK_T_IN | VIRTIO_BLK_T_OUT | VIRTIO_BLK_T_GET_ID
-        ) && d.is_write_only() != device_writes
+        if matches!(kind, VIRTIO_BLK_T_IN | VIRTIO_BLK_T_OUT | VIRTIO_BLK_T_GET_ID)
+            && d.is_write_only() != device_writes
         {
             return Err(RequestError::DataDirection);
         }

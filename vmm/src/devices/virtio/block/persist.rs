@@ -8,9 +8,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use super::{Block, SECTOR_SIZE};
-use crate::devices::virtio::persist::{
-    ActiveState, DeviceContext, DeviceState, VirtioPersistError,
-};
+use crate::devices::virtio::persist::{ActiveState, DeviceContext, DeviceState, VirtioPersistError};
 use crate::devices::virtio::VirtioDevice;
 use crate::snapshot::Persist;
 
@@ -61,13 +59,8 @@ impl Persist for Block {
         b.errors = state.errors;
         if let Some(active) = &state.active {
             let queues = active.queues(b.queue_max_sizes(), &ctx.device.mem)?;
-            b.activate(
-                ctx.device.mem,
-                queues,
-                ctx.device.irq,
-                ctx.device.acked_features,
-            )
-            .map_err(|e| VirtioPersistError::Activate(e.to_string()))?;
+            b.activate(ctx.device.mem, queues, ctx.device.irq, ctx.device.acked_features)
+                .map_err(|e| VirtioPersistError::Activate(e.to_string()))?;
         }
         Ok(b)
     }

@@ -1,9 +1,9 @@
 use std::os::fd::RawFd;
 use std::path::Path;
 
-use crate::GuestMemoryMmap;
 use virtio_queue::{Queue, QueueOwnedT};
 use virtio_vsock::packet::VsockPacket;
+use crate::GuestMemoryMmap;
 use vm_memory::Bytes;
 
 use super::muxer::Muxer;
@@ -87,10 +87,7 @@ impl Vsock {
         let mut used = false;
         let mut data = Vec::new();
         loop {
-            let q = self
-                .queues
-                .get_mut(TXQ)
-                .ok_or(DeviceError::NoSuchQueue(TXQ))?;
+            let q = self.queues.get_mut(TXQ).ok_or(DeviceError::NoSuchQueue(TXQ))?;
             let Some(mut chain) = pop_chain(q, &mem)? else {
                 break;
             };
@@ -120,10 +117,7 @@ impl Vsock {
                 Some(hdr) => self.muxer.handle_tx(&hdr, &data),
                 None => self.errors += 1,
             }
-            let q = self
-                .queues
-                .get_mut(TXQ)
-                .ok_or(DeviceError::NoSuchQueue(TXQ))?;
+            let q = self.queues.get_mut(TXQ).ok_or(DeviceError::NoSuchQueue(TXQ))?;
             add_used(q, &mem, head, 0)?;
             used = true;
         }
@@ -135,10 +129,7 @@ impl Vsock {
         let mem = self.mem.clone().ok_or(DeviceError::NotActivated)?;
         let mut used = false;
         while self.muxer.has_rx() {
-            let q = self
-                .queues
-                .get_mut(RXQ)
-                .ok_or(DeviceError::NoSuchQueue(RXQ))?;
+            let q = self.queues.get_mut(RXQ).ok_or(DeviceError::NoSuchQueue(RXQ))?;
             let Some(mut chain) = pop_chain(q, &mem)? else {
                 break;
             };

@@ -12,9 +12,7 @@ use vm_memory::Bytes;
 
 use super::device::EVQ;
 use super::Vsock;
-use crate::devices::virtio::persist::{
-    ActiveState, DeviceContext, DeviceState, VirtioPersistError,
-};
+use crate::devices::virtio::persist::{ActiveState, DeviceContext, DeviceState, VirtioPersistError};
 use crate::devices::virtio::queue::{add_used, pop_chain};
 use crate::devices::virtio::{DeviceError, VirtioDevice, VIRTIO_MMIO_INT_VRING};
 use crate::snapshot::Persist;
@@ -57,13 +55,8 @@ impl Persist for Vsock {
         v.errors = state.errors;
         if let Some(active) = &state.active {
             let queues = active.queues(v.queue_max_sizes(), &ctx.device.mem)?;
-            v.activate(
-                ctx.device.mem,
-                queues,
-                ctx.device.irq,
-                ctx.device.acked_features,
-            )
-            .map_err(|e| VirtioPersistError::Activate(e.to_string()))?;
+            v.activate(ctx.device.mem, queues, ctx.device.irq, ctx.device.acked_features)
+                .map_err(|e| VirtioPersistError::Activate(e.to_string()))?;
         }
         Ok(v)
     }
@@ -94,10 +87,7 @@ impl Vsock {
         let Some(mem) = self.mem.clone() else {
             return Ok(false);
         };
-        let q = self
-            .queues
-            .get_mut(EVQ)
-            .ok_or(DeviceError::NoSuchQueue(EVQ))?;
+        let q = self.queues.get_mut(EVQ).ok_or(DeviceError::NoSuchQueue(EVQ))?;
         let Some(mut chain) = pop_chain(q, &mem)? else {
             tracing::warn!("vsock: no event buffer for the transport reset");
             return Ok(false);

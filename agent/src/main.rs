@@ -18,6 +18,7 @@ mod process;
 mod reaper;
 mod service;
 mod spawn;
+mod stats;
 
 use std::path::PathBuf;
 use std::sync::Arc;

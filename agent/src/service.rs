@@ -414,6 +414,34 @@ impl burrow_protocol::Agent for AgentService {
         Ok(r)
     }
 
+    async fn container_stats(
+        &self,
+        _ctx: &TtrpcContext,
+        req: ContainerRequest,
+    ) -> TResult<ContainerStatsResponse> {
+        let c = self.container(&req.container_id)?;
+        let init = c.process("").ok().map(|p| p.pid);
+        let running = c.all_processes().iter().filter(|p| p.running()).count() as u64;
+        let own_pid_ns = c.own_pid_ns;
+        let mut r = tokio::task::spawn_blocking(move || -> Result<ContainerStatsResponse> {
+            let mut r = ContainerStatsResponse::new();
+            r.cpu_usage_usec = crate::stats::cpu_usec()?;
+            (r.memory_usage_bytes, r.memory_total_bytes) = crate::stats::memory()?;
+            r.pids = match init {
+                Some(pid) if own_pid_ns => crate::stats::processes_in_pid_namespace_of(pid),
+                _ => 0,
+            };
+            Ok(r)
+        })
+        .await
+        .map_err(|e| AgentError::Internal(format!("stats task failed: {e}")))??;
+        if !own_pid_ns {
+            // Sharing the guest's PID namespace: count what the agent started.
+            r.pids = running;
+        }
+        Ok(r)
+    }
+
     async fn exec_process(
         &self,
         _ctx: &TtrpcContext,

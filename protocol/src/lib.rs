@@ -38,7 +38,7 @@
 //!   nobody reads, the process blocks on its pipe.
 //! - Wait → `WaitProcess` (blocks; `exit_code` is 128+signal when `signal`
 //!   is non-zero). Kill → `SignalProcess` (`all` for every process of the
-//!   container). Pids → `ListProcesses`. Delete (exec) → `DeleteProcess`
+//!   container). Pids → `ListProcesses`. Stats → `ContainerStats`. Delete (exec) → `DeleteProcess`
 //!   after it exited; Delete (init) → `DeleteContainer`, which kills what is
 //!   left and unmounts everything.
 //! - exec_id "" is the init; container_id "" is the guest itself (handy for

@@ -327,7 +327,7 @@ impl Sandbox for FakeSandbox {
         Ok(())
     }
 
-    async fn stats(&self) -> Result<SandboxStats> {
+    async fn stats(&self, _id: &str) -> Result<SandboxStats> {
         Ok(SandboxStats {
             cpu_usage_usec: 42,
             memory_bytes: 1 << 20,

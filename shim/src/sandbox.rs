@@ -81,7 +81,9 @@ pub struct ProcessEntry {
     pub running: bool,
 }
 
-/// Host-side cost of the sandbox (what `Stats` reports).
+/// A container's resource use as its guest counts it (what `Stats`
+/// reports): the VM holds one container, so CPU time and memory in use are
+/// the guest's; pids are the processes in the container's PID namespace.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SandboxStats {
     pub cpu_usage_usec: u64,
@@ -229,8 +231,8 @@ pub trait Sandbox: Send + Sync + 'static {
     async fn pause(&self) -> Result<()>;
     /// Thaw it.
     async fn resume(&self) -> Result<()>;
-    /// Host-side resource use of the sandbox.
-    async fn stats(&self) -> Result<SandboxStats>;
+    /// Container `id`'s resource use, as its guest counts it.
+    async fn stats(&self, id: &str) -> Result<SandboxStats>;
     /// Stop the VM and remove everything it left on the host. Idempotent.
     async fn shutdown(&self) -> Result<()>;
     /// Write a checkpoint of the whole sandbox into `dir`.

@@ -66,13 +66,23 @@ pub fn wait_output(mut child: Child, limit: Duration) -> (Output, bool) {
             Ok(None) => std::thread::sleep(Duration::from_millis(100)),
         }
     }
-    (child.wait_with_output().expect("collect child output"), false)
+    (
+        child.wait_with_output().expect("collect child output"),
+        false,
+    )
 }
 
 impl Containerd {
     /// Start containerd for test `name` with burrow's `extra_config` lines
     /// appended to the generated burrow config.
     pub fn start(name: &str, extra_config: &str) -> Self {
+        Self::start_with(name, extra_config, "")
+    }
+
+    /// Like [`start`](Self::start), with `containerd_extra` (TOML, e.g. a
+    /// snapshotter's `[plugins."..."]` table) appended to containerd's own
+    /// config.
+    pub fn start_with(name: &str, extra_config: &str, containerd_extra: &str) -> Self {
         crate::require_hardware_kvm();
         let serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
         let kernel = crate::asset_from_env("BURROW_GUEST_KERNEL", "guest-kernel/build");
@@ -109,7 +119,7 @@ impl Containerd {
         std::fs::write(
             &containerd_config,
             format!(
-                "version = 2\nroot = {:?}\nstate = {:?}\n[grpc]\n  address = {:?}\n[ttrpc]\n  address = {:?}\n",
+                "version = 2\nroot = {:?}\nstate = {:?}\n[grpc]\n  address = {:?}\n[ttrpc]\n  address = {:?}\n{containerd_extra}\n",
                 root.display().to_string(),
                 dir.join("state").display().to_string(),
                 socket.display().to_string(),
@@ -117,24 +127,7 @@ impl Containerd {
             ),
         )
         .expect("write containerd config");
-        let bin_dir = shim.parent().expect("shim has a directory").to_path_buf();
-        let path = format!(
-            "{}:{}",
-            bin_dir.display(),
-            std::env::var("PATH").unwrap_or_else(|_| "/usr/sbin:/usr/bin:/sbin:/bin".into())
-        );
-        let log = std::fs::File::create(dir.join("containerd.log")).expect("containerd log");
-        let child = Command::new("containerd")
-            .arg("--config")
-            .arg(&containerd_config)
-            .args(["--log-level", "debug"])
-            .env("PATH", &path)
-            .env("BURROW_CONFIG", &burrow_config)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("dup log"))
-            .stderr(log)
-            .spawn()
-            .expect("start containerd");
+        let child = launch(&dir, &shim);
         let c = Self {
             child,
             _serial: serial,
@@ -142,18 +135,69 @@ impl Containerd {
             root,
             socket,
         };
+        c.wait_ready();
+        let r = c.ctr(&["images", "import", &image.display().to_string()]);
+        assert_eq!(
+            r.code,
+            Some(0),
+            "ctr images import: {r:?}\n{}",
+            c.diagnostics()
+        );
+        c
+    }
+
+    /// Wait until containerd answers `ctr version`.
+    fn wait_ready(&self) {
         let start = Instant::now();
-        while c.try_ctr(&["version"], None, Duration::from_secs(10)).code != Some(0) {
+        while self
+            .try_ctr(&["version"], None, Duration::from_secs(10))
+            .code
+            != Some(0)
+        {
             assert!(
                 start.elapsed() < Duration::from_secs(60),
                 "containerd did not answer in 60 s\n{}",
-                c.diagnostics()
+                self.diagnostics()
             );
             std::thread::sleep(Duration::from_millis(200));
         }
-        let r = c.ctr(&["images", "import", &image.display().to_string()]);
-        assert_eq!(r.code, Some(0), "ctr images import: {r:?}\n{}", c.diagnostics());
-        c
+    }
+
+    /// Stop containerd (SIGTERM, as a service manager does) and start it
+    /// again on the same root, state and config; the shims it started keep
+    /// running and the new containerd reconnects to them.
+    pub fn restart(&mut self) {
+        // SAFETY: kill(2) has no memory-safety preconditions.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let start = Instant::now();
+        while self.child.try_wait().ok().flatten().is_none() {
+            if start.elapsed() > Duration::from_secs(30) {
+                let _ = self.child.kill();
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.wait();
+        self.child = launch(
+            &self.dir,
+            &crate::workspace_bin("containerd-shim-burrow-v2"),
+        );
+        self.wait_ready();
+    }
+
+    /// Pids of the running (not zombie) shim processes this containerd
+    /// started for task `id`.
+    pub fn shim_pids(&self, id: &str) -> Vec<i32> {
+        let socket = self.socket.display().to_string();
+        processes_mentioning(&socket)
+            .into_iter()
+            .filter(|(pid, cmdline)| {
+                let args: Vec<&str> = cmdline.split_whitespace().collect();
+                cmdline.contains("containerd-shim-burrow-v2")
+                    && args.windows(2).any(|w| w == ["-id", id])
+                    && !is_zombie(*pid)
+            })
+            .map(|(pid, _)| pid)
+            .collect()
     }
 
     fn command(&self, args: &[&str]) -> Command {
@@ -170,7 +214,11 @@ impl Containerd {
     /// Run `ctr ARGS`, feeding `stdin` if given, killed after `limit`.
     pub fn ctr_with(&self, args: &[&str], stdin: Option<&[u8]>, limit: Duration) -> Run {
         let r = self.try_ctr(args, stdin, limit);
-        assert!(!r.timed_out, "ctr {args:?} did not finish in {limit:?}\n{}", self.diagnostics());
+        assert!(
+            !r.timed_out,
+            "ctr {args:?} did not finish in {limit:?}\n{}",
+            self.diagnostics()
+        );
         r
     }
 
@@ -180,7 +228,11 @@ impl Containerd {
         let start = Instant::now();
         let mut child = self
             .command(args)
-            .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -198,8 +250,13 @@ impl Containerd {
 
     /// Start `ctr ARGS` in the background (stdout/stderr piped).
     pub fn spawn_ctr(&self, args: &[&str]) -> Child {
+        self.spawn_ctr_with(args, Stdio::null())
+    }
+
+    /// Start `ctr ARGS` in the background with `stdin` (stdout/stderr piped).
+    pub fn spawn_ctr_with(&self, args: &[&str], stdin: Stdio) -> Child {
         self.command(args)
-            .stdin(Stdio::null())
+            .stdin(stdin)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -272,12 +329,17 @@ impl Containerd {
     pub fn vmm_pid(&self, id: &str) -> i32 {
         let p = self.burrow_state().join("default").join(id).join("vmm.pid");
         let s = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-        s.trim().parse().unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+        s.trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
     }
 
     /// Mount points under this containerd's directories, in mount order.
     fn mounts(&self) -> Vec<String> {
-        let (dir, root) = (self.dir.display().to_string(), self.root.display().to_string());
+        let (dir, root) = (
+            self.dir.display().to_string(),
+            self.root.display().to_string(),
+        );
         std::fs::read_to_string("/proc/self/mountinfo")
             .unwrap_or_default()
             .lines()
@@ -344,7 +406,9 @@ impl Containerd {
         let tail = interesting[interesting.len().saturating_sub(60)..].join("\n");
         let mut out = format!("--- containerd log (tail) ---\n{tail}\n");
         for f in walk(&self.burrow_state()) {
-            if f.file_name().is_some_and(|n| n == "console.log" || n == "vmm.log") {
+            if f.file_name()
+                .is_some_and(|n| n == "console.log" || n == "vmm.log")
+            {
                 let text = std::fs::read_to_string(&f).unwrap_or_default();
                 let lines: Vec<&str> = text.lines().collect();
                 let tail = lines[lines.len().saturating_sub(30)..].join("\n");
@@ -381,6 +445,49 @@ impl Drop for Containerd {
         let _ = std::fs::remove_dir_all(&self.dir);
         let _ = std::fs::remove_dir_all(&self.root);
     }
+}
+
+/// Start containerd with the config and burrow config under `dir`, the
+/// workspace's `shim` first on its PATH, logging to `dir/containerd.log`.
+fn launch(dir: &Path, shim: &Path) -> Child {
+    let bin_dir = shim.parent().expect("shim has a directory");
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_else(|_| "/usr/sbin:/usr/bin:/sbin:/bin".into())
+    );
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("containerd.log"))
+        .expect("containerd log");
+    Command::new("containerd")
+        .arg("--config")
+        .arg(dir.join("containerd.toml"))
+        .args(["--log-level", "debug"])
+        .env("PATH", &path)
+        .env("BURROW_CONFIG", dir.join("burrow.toml"))
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("dup log"))
+        .stderr(log)
+        .spawn()
+        .expect("start containerd")
+}
+
+/// Whether process `pid` exists and has not exited (a zombie has).
+pub fn process_running(pid: i32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists() && !is_zombie(pid)
+}
+
+/// Whether process `pid` has exited but not been reaped yet.
+fn is_zombie(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
 }
 
 /// Processes whose command line mentions `marker`: (pid, command line).

@@ -258,7 +258,7 @@ fn ps_as_pid_1_lists_itself_in_every_container() {
     let mut vm = boot(&dir, &disk);
     let stream = agent_vm::connect(&mut vm, BOOT_TIMEOUT);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let n: usize = std::env::var("BURROW_TEST_REPEAT").ok().and_then(|v| v.parse().ok()).unwrap_or(120);
+    let n: usize = std::env::var("BURROW_TEST_REPEAT").ok().and_then(|v| v.parse().ok()).unwrap_or(40);
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rt.block_on(async {
         let c = agent_vm::client(stream);
         let mut bad = Vec::new();

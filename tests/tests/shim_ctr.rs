@@ -78,7 +78,7 @@ fn ps_rows(lines: &[&str]) -> Vec<(u32, String)> {
 
 /// How many times the repeat test runs each command (BURROW_TEST_REPEAT).
 fn repeats() -> usize {
-    std::env::var("BURROW_TEST_REPEAT").ok().and_then(|v| v.parse().ok()).unwrap_or(30)
+    std::env::var("BURROW_TEST_REPEAT").ok().and_then(|v| v.parse().ok()).unwrap_or(12)
 }
 
 /// hack/demo's command, many times: `ps`, the container's last command, is

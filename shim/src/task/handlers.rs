@@ -657,7 +657,7 @@ impl Task for TaskService {
         req: api::StatsRequest,
     ) -> TtrpcResult<api::StatsResponse> {
         self.lock().container(&req.id)?;
-        let s = self.inner.sandbox.stats().await?;
+        let s = self.inner.sandbox.stats(&req.id).await?;
         let metrics = v2::Metrics {
             pids: MessageField::some(v2::PidsStat {
                 current: s.pids,

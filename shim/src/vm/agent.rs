@@ -16,7 +16,7 @@ use burrow_protocol::AgentClient;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
-use crate::sandbox::{Chunk, ExitStatus, ProcessEntry, Result, SandboxError, Stream};
+use crate::sandbox::{Chunk, ExitStatus, ProcessEntry, Result, SandboxError, SandboxStats, Stream};
 
 /// Longest reply line of the vsock handshake.
 const MAX_HANDSHAKE_LINE: usize = 64;
@@ -312,6 +312,22 @@ impl Agent {
                 running: p.running,
             })
             .collect())
+    }
+
+    /// Container `id`'s resource use as the guest counts it.
+    pub async fn stats(&self, id: &str) -> Result<SandboxStats> {
+        let r = self
+            .call(
+                "ContainerStats",
+                self.client.container_stats(Self::ctx(), &Self::creq(id)),
+            )
+            .await?;
+        Ok(SandboxStats {
+            cpu_usage_usec: r.cpu_usage_usec,
+            memory_bytes: r.memory_usage_bytes,
+            memory_limit_bytes: r.memory_total_bytes,
+            pids: r.pids,
+        })
     }
 
     pub async fn exec(&self, id: &str, exec_id: &str, process: &[u8], stdin: bool) -> Result<u32> {

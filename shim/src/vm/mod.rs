@@ -580,21 +580,20 @@ impl Sandbox for VmSandbox {
         Ok(())
     }
 
-    async fn stats(&self) -> Result<SandboxStats> {
+    async fn stats(&self, id: &str) -> Result<SandboxStats> {
+        // Neither wakes the VM nor counts as activity: polling stats must
+        // not keep a sandbox from hibernating when idle.
         match self.vm.settled().await? {
-            // Hibernated: no process, no guest RAM on the host.
+            // Hibernated: no guest runs to count anything.
             Phase::Asleep(_) => Ok(SandboxStats::default()),
+            Phase::Paused(_) => Err(SandboxError::FailedPrecondition(
+                "the VM is paused: its guest reports its resource use once resumed".into(),
+            )),
             phase => {
                 let h = phase.handle().ok_or_else(|| {
                     SandboxError::FailedPrecondition("the VM is not running".into())
                 })?;
-                let (cpu, rss) = vmm::process_usage(h.pid);
-                Ok(SandboxStats {
-                    cpu_usage_usec: cpu,
-                    memory_bytes: rss,
-                    memory_limit_bytes: h.memory_mib.saturating_mul(1 << 20),
-                    pids: 1,
-                })
+                h.agent.stats(&self.gid(id)).await
             }
         }
     }

@@ -322,31 +322,6 @@ pub fn tail_of(path: &Path, max: u64) -> String {
     String::from_utf8_lossy(&buf).trim().replace('\n', " | ")
 }
 
-/// CPU time (µs) and resident memory (bytes) of a process, from /proc.
-pub fn process_usage(pid: u32) -> (u64, u64) {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name, which is in parentheses.
-    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of stat; 12 and 13 after ")".
-    let ticks: u64 = [11usize, 12]
-        .iter()
-        .filter_map(|i| fields.get(*i).and_then(|v| v.parse::<u64>().ok()))
-        .sum();
-    // SAFETY: sysconf has no preconditions.
-    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) })
-        .unwrap_or(100)
-        .max(1);
-    let cpu_usec = ticks.saturating_mul(1_000_000) / hz;
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let rss_kib = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-        .unwrap_or(0);
-    (cpu_usec, rss_kib.saturating_mul(1024))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -450,11 +425,5 @@ mod tests {
         .expect_err("refused");
         assert!(e.to_string().contains("disk full"), "{e}");
         assert!(matches!(e, SandboxError::ResourceExhausted(_)), "{e:?}");
-    }
-
-    #[test]
-    fn usage_of_self() {
-        let (_cpu, rss) = process_usage(std::process::id());
-        assert!(rss > 0);
     }
 }

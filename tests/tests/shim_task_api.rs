@@ -1,0 +1,501 @@
+//! The task API calls the other end-to-end suites do not reach, through
+//! containerd 1.6 and `ctr` as a user drives them: Stats (`ctr task
+//! metrics`), ResizePty (a terminal resize seen by `stty size`), CloseIO (stdin EOF reaches `cat`), Connect (containerd
+//! restarts and finds its task again) and Shutdown (the shim and its VMM go
+//! after delete). Run inside hack/testhost (or on a host with hardware
+//! KVM).
+
+#![allow(clippy::unwrap_used)]
+
+use std::io::Read;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use burrow_tests::containerd::{process_running, wait_output, Containerd};
+
+/// Nested guests boot slowly (QEMU TCG): allow minutes (a container starts
+/// in about 15 s there), assert no timings.
+const LONG: Duration = Duration::from_secs(300);
+const CLEAN: Duration = Duration::from_secs(60);
+const MIB: u64 = 1 << 20;
+
+const BURROW_CONFIG: &str =
+    "agent_timeout_secs = 60\nboot_timeout_secs = 900\n[memory_mib]\ndefault = 256\n";
+
+/// Progress on stderr (seen with --nocapture in the test host's log).
+fn step(what: &str) {
+    eprintln!("shim_task_api: {what}");
+}
+
+fn containerd(name: &str) -> Containerd {
+    Containerd::start(name, BURROW_CONFIG)
+}
+
+fn run<'a>(flags: &[&'a str], id: &'a str, cmd: &[&'a str]) -> Vec<&'a str> {
+    Containerd::run_args(flags, id, cmd)
+}
+
+/// `ctr run -d` with `flags`, and wait until the task runs.
+fn run_detached(c: &Containerd, flags: &[&str], id: &str, cmd: &[&str]) {
+    step(&format!("start {id}"));
+    let mut flags = flags.to_vec();
+    flags.push("-d");
+    let r = c.ctr_with(&run(&flags, id, cmd), None, LONG);
+    assert_eq!(r.code, Some(0), "run {id}: {r:?}\n{}", c.diagnostics());
+    c.wait_status(id, "RUNNING", LONG);
+}
+
+/// `ctr task exec` that must succeed; its stdout.
+fn exec(c: &Containerd, id: &str, exec_id: &str, cmd: &[&str]) -> String {
+    let mut args = vec!["task", "exec", "--exec-id", exec_id, id];
+    args.extend_from_slice(cmd);
+    let r = c.ctr(&args);
+    assert_eq!(
+        r.code,
+        Some(0),
+        "exec {cmd:?} in {id}: {r:?}\n{}",
+        c.diagnostics()
+    );
+    r.stdout
+}
+
+/// Kill task `id`, delete it and its container, and check nothing is left.
+fn kill_and_remove(c: &Containerd, id: &str) {
+    assert_eq!(c.ctr(&["task", "kill", "-s", "SIGKILL", id]).code, Some(0));
+    c.wait_status(id, "STOPPED", LONG);
+    let d = c.ctr(&["task", "delete", id]);
+    assert_eq!(d.code, Some(0), "{d:?}\n{}", c.diagnostics());
+    assert_eq!(c.ctr(&["containers", "rm", id]).code, Some(0));
+    c.assert_clean(CLEAN);
+}
+
+/// The cgroup v2 numbers `ctr task metrics` prints for a task.
+#[derive(Debug, Clone, Copy)]
+struct Metrics {
+    pids: u64,
+    cpu_usec: u64,
+    memory: u64,
+    memory_limit: u64,
+}
+
+fn metrics(c: &Containerd, id: &str) -> Metrics {
+    let r = c.ctr(&["task", "metrics", "--format", "json", id]);
+    assert_eq!(
+        r.code,
+        Some(0),
+        "ctr task metrics {id}: {r:?}\n{}",
+        c.diagnostics()
+    );
+    let v: serde_json::Value = serde_json::from_str(&r.stdout)
+        .unwrap_or_else(|e| panic!("ctr task metrics --format json printed no JSON ({e}): {r:?}"));
+    // Go's encoding/json leaves zero fields out (omitempty).
+    let n = |ptr: &str| {
+        v.pointer(ptr)
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or(0)
+    };
+    let m = Metrics {
+        pids: n("/pids/current"),
+        cpu_usec: n("/cpu/usage_usec"),
+        memory: n("/memory/usage"),
+        memory_limit: n("/memory/usage_limit"),
+    };
+    eprintln!("metrics of {id}: {m:?}");
+    m
+}
+
+#[test]
+fn metrics_are_the_guests() {
+    let c = containerd("stats");
+    let id = "t-stats";
+    run_detached(&c, &[], id, &["sleep", "100000"]);
+
+    step("metrics at start");
+    let m0 = metrics(&c, id);
+    assert_eq!(
+        m0.pids,
+        1,
+        "only the container's init runs: {m0:?}\n{}",
+        c.diagnostics()
+    );
+    assert!(m0.cpu_usec > 0, "a booted guest has used CPU: {m0:?}");
+    assert!(
+        m0.memory > 0 && m0.memory < m0.memory_limit && m0.memory_limit <= 256 * MIB,
+        "memory use within the 256 MiB VM: {m0:?}"
+    );
+
+    step("fill 48 MiB of /dev/shm");
+    // 48 MiB into the container's /dev/shm (tmpfs: guest memory that
+    // cannot be reclaimed while the file exists).
+    let out = exec(
+        &c,
+        id,
+        "fill",
+        &[
+            "sh",
+            "-c",
+            "head -c 50331648 /dev/zero > /dev/shm/fill && wc -c < /dev/shm/fill",
+        ],
+    );
+    assert_eq!(out.trim(), "50331648", "the container wrote its 48 MiB");
+    let m1 = metrics(&c, id);
+    assert!(
+        m1.memory >= m0.memory + 40 * MIB,
+        "memory use must grow by the 48 MiB the container holds: before {m0:?}, after {m1:?}"
+    );
+
+    step("three background processes");
+    // Three more processes, detached from the exec's stdio.
+    exec(
+        &c,
+        id,
+        "bg",
+        &[
+            "sh",
+            "-c",
+            "for i in 1 2 3; do sleep 100000 </dev/null >/dev/null 2>&1 & done",
+        ],
+    );
+    let m2 = metrics(&c, id);
+    assert_eq!(
+        m2.pids,
+        4,
+        "init and the three sleeps the exec left behind: {m2:?}\n{}",
+        c.diagnostics()
+    );
+
+    step("busy loop");
+    // Three seconds of busy loop.
+    exec(
+        &c,
+        id,
+        "busy",
+        &[
+            "sh",
+            "-c",
+            "end=$(($(date +%s) + 3)); while [ $(date +%s) -lt $end ]; do :; done",
+        ],
+    );
+    let m3 = metrics(&c, id);
+    assert!(
+        m3.cpu_usec >= m2.cpu_usec + 1_000_000,
+        "a 3 s busy loop must add at least 1 s of CPU time: before {m2:?}, after {m3:?}"
+    );
+
+    // Update is not checked here: containerd 1.6.20's ctr has no `task
+    // update` ("No help topic for 'update'").
+    kill_and_remove(&c, id);
+}
+
+/// `ctr ARGS` on a terminal this test holds the other side of, as a
+/// terminal emulator would: ctr is a session leader with the terminal as
+/// its controlling tty, so a window-size change sends it SIGWINCH.
+struct TerminalCtr {
+    child: Child,
+    master: OwnedFd,
+    output: Arc<Mutex<Vec<u8>>>,
+}
+
+fn winsize(rows: u16, cols: u16) -> libc::winsize {
+    libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    }
+}
+
+impl TerminalCtr {
+    fn spawn(c: &Containerd, args: &[&str], rows: u16, cols: u16) -> Self {
+        let (mut master, mut slave) = (-1, -1);
+        let ws = winsize(rows, cols);
+        // SAFETY: valid out-pointers; no name buffer; default termios.
+        let rc = unsafe {
+            libc::openpty(
+                &mut master,
+                &mut slave,
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                &ws,
+            )
+        };
+        assert_eq!(rc, 0, "openpty: {}", std::io::Error::last_os_error());
+        // SAFETY: openpty just returned these descriptors; nothing else owns them.
+        let (master, slave) =
+            unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+        let mut cmd = Command::new("ctr");
+        cmd.arg("--address").arg(&c.socket).args(args);
+        cmd.stdin(Stdio::from(slave.try_clone().unwrap()))
+            .stdout(Stdio::from(slave.try_clone().unwrap()))
+            .stderr(Stdio::from(slave));
+        // SAFETY: setsid and ioctl are async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().expect("run ctr on a terminal");
+        // Our copies of the terminal go with `cmd`, so the reader sees EIO
+        // once ctr is gone.
+        drop(cmd);
+        let output = Arc::new(Mutex::new(Vec::new()));
+        let mut reader = std::fs::File::from(master.try_clone().unwrap());
+        let sink = output.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = reader.read(&mut buf) {
+                sink.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        });
+        Self {
+            child,
+            master,
+            output,
+        }
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.output.lock().unwrap()).replace('\r', "")
+    }
+
+    /// Wait until the terminal has shown a line starting with `prefix`.
+    fn line(&mut self, prefix: &str, c: &Containerd) -> String {
+        let start = Instant::now();
+        loop {
+            if let Some(l) = self.text().lines().find(|l| l.starts_with(prefix)) {
+                return l.to_string();
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                std::thread::sleep(Duration::from_millis(500));
+                panic!(
+                    "ctr ended ({status}) before a {prefix:?} line: {:?}\n{}",
+                    self.text(),
+                    c.diagnostics()
+                );
+            }
+            assert!(
+                start.elapsed() < LONG,
+                "no {prefix:?} line on the terminal: {:?}\n{}",
+                self.text(),
+                c.diagnostics()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn resize(&self, rows: u16, cols: u16) {
+        let ws = winsize(rows, cols);
+        // SAFETY: TIOCSWINSZ reads one winsize from a valid pointer.
+        let rc = unsafe { libc::ioctl(self.master.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
+        assert_eq!(rc, 0, "TIOCSWINSZ: {}", std::io::Error::last_os_error());
+    }
+}
+
+#[test]
+fn terminal_resize_and_stdin_eof_reach_the_container() {
+    let c = containerd("io");
+    let id = "t-io";
+    run_detached(&c, &[], id, &["sleep", "100000"]);
+
+    // CloseIO: the data, then EOF, reach an exec'd cat.
+    step("exec cat with data");
+    let r = c.ctr_with(
+        &["task", "exec", "--exec-id", "cat-data", id, "cat"],
+        Some(b"hello\n"),
+        LONG,
+    );
+    assert_eq!(
+        (r.code, r.stdout.as_str()),
+        (Some(0), "hello\n"),
+        "{r:?}\n{}",
+        c.diagnostics()
+    );
+    // ...and a stdin that closes with nothing written ends cat (ctr sends
+    // CloseIO on its stdin's EOF once the exec has started).
+    step("exec cat, its stdin closed while it runs");
+    let mut child = c.spawn_ctr_with(
+        &["task", "exec", "--exec-id", "cat-closed", id, "cat"],
+        Stdio::piped(),
+    );
+    let start = Instant::now();
+    while process_lines(&c, id) < 2 {
+        assert!(
+            start.elapsed() < LONG,
+            "the exec'd cat never ran\n{}",
+            c.diagnostics()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    drop(child.stdin.take());
+    let (out, killed) = wait_output(child, Duration::from_secs(120));
+    assert!(
+        !killed,
+        "exec'd cat never saw its stdin's EOF: {out:?}\n{}",
+        c.diagnostics()
+    );
+    assert_eq!(
+        (out.status.code(), out.stdout.as_slice()),
+        (Some(0), &b""[..]),
+        "{out:?}"
+    );
+
+    // ResizePty: ctr sends its terminal's size when the exec starts and
+    // again on SIGWINCH; `stty size` (rows cols) inside sees both.
+    let wait_for = |size: &str| {
+        format!("i=0; while [ \"$(stty size)\" != \"{size}\" ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done")
+    };
+    let script = format!(
+        "{}; echo first:$(stty size); {}; echo second:$(stty size)",
+        wait_for("30 100"),
+        wait_for("40 120")
+    );
+    step("exec -t and resize");
+    let mut t = TerminalCtr::spawn(
+        &c,
+        &[
+            "task",
+            "exec",
+            "-t",
+            "--exec-id",
+            "tty",
+            id,
+            "sh",
+            "-c",
+            &script,
+        ],
+        30,
+        100,
+    );
+    assert_eq!(
+        t.line("first:", &c),
+        "first:30 100",
+        "the starting size reaches the container"
+    );
+    t.resize(40, 120);
+    assert_eq!(
+        t.line("second:", &c),
+        "second:40 120",
+        "a resize reaches the container"
+    );
+    let text = t.text();
+    let (out, killed) = wait_output(t.child, LONG);
+    assert!(
+        !killed,
+        "ctr task exec -t did not end: {text:?}\n{}",
+        c.diagnostics()
+    );
+    assert_eq!(out.status.code(), Some(0), "{text:?}");
+    kill_and_remove(&c, id);
+
+    // CloseIO for a container's init: `echo hello | ctr run ... cat`.
+    step("echo hello | ctr run cat");
+    let r = c.ctr_with(&run(&["--rm"], "t-cat", &["cat"]), Some(b"hello\n"), LONG);
+    assert_eq!(
+        (r.code, r.stdout.as_str()),
+        (Some(0), "hello\n"),
+        "{r:?}\n{}",
+        c.diagnostics()
+    );
+    c.assert_clean(CLEAN);
+}
+
+/// How many processes `ctr task ps` lists for `id`.
+fn process_lines(c: &Containerd, id: &str) -> usize {
+    let ps = c.ctr(&["task", "ps", id]);
+    ps.stdout
+        .lines()
+        .skip(1)
+        .filter(|l| {
+            l.split_whitespace()
+                .next()
+                .is_some_and(|p| p.parse::<u32>().is_ok())
+        })
+        .count()
+}
+
+/// PID column of `ctr task ls` for `id`.
+fn task_pid(c: &Containerd, id: &str) -> Option<u32> {
+    let r = c.ctr(&["task", "ls"]);
+    r.stdout.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.first() == Some(&id))
+            .then(|| f.get(1)?.parse().ok())
+            .flatten()
+    })
+}
+
+#[test]
+fn containerd_restart_reconnects_and_delete_shuts_the_shim_down() {
+    let mut c = containerd("connect");
+    let id = "t-conn";
+    run_detached(&c, &[], id, &["sleep", "100000"]);
+    let pid = task_pid(&c, id).expect("ctr task ls shows a pid");
+    assert!(pid > 0, "the task has a guest pid");
+    let shims = c.shim_pids(id);
+    assert_eq!(shims.len(), 1, "one shim serves {id}: {shims:?}");
+    let vmm = c.vmm_pid(id);
+
+    // containerd restarts; its new instance connects to the running shim.
+    step("restart containerd");
+    c.restart();
+    assert_eq!(
+        c.task_status(id).as_deref(),
+        Some("RUNNING"),
+        "after a restart\n{}",
+        c.diagnostics()
+    );
+    assert_eq!(task_pid(&c, id), Some(pid), "same task pid after a restart");
+    assert_eq!(c.shim_pids(id), shims, "the same shim serves the task");
+    assert_eq!(c.vmm_pid(id), vmm, "the same VM runs the task");
+    assert!(process_running(vmm), "burrow-vmm {vmm} still runs");
+    assert_eq!(
+        exec(&c, id, "after-restart", &["echo", "still here"]).trim(),
+        "still here"
+    );
+
+    // Kill works, and the exit reaches the new containerd as an event.
+    step("kill after the restart");
+    let mut events = c.spawn_ctr(&["events"]);
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(c.ctr(&["task", "kill", "-s", "SIGKILL", id]).code, Some(0));
+    c.wait_status(id, "STOPPED", LONG);
+    std::thread::sleep(Duration::from_secs(1));
+    let _ = events.kill();
+    let out = events.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.contains("/tasks/exit") && l.contains(id)),
+        "no /tasks/exit for {id} after the restart:\n{text}\n{}",
+        c.diagnostics()
+    );
+
+    // Delete → Shutdown: the shim and its VMM exit, the state dir goes.
+    step("delete");
+    assert_eq!(c.ctr(&["task", "delete", id]).code, Some(0));
+    assert_eq!(c.ctr(&["containers", "rm", id]).code, Some(0));
+    let start = Instant::now();
+    while !c.shim_pids(id).is_empty() || process_running(vmm) {
+        assert!(
+            start.elapsed() < CLEAN,
+            "after delete: shim {:?} and burrow-vmm {vmm} (alive: {}) must exit\n{}",
+            c.shim_pids(id),
+            process_running(vmm),
+            c.diagnostics()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let state = c.burrow_state().join("default").join(id);
+    assert!(
+        !state.exists(),
+        "{} must be removed on Shutdown",
+        state.display()
+    );
+    c.assert_clean(CLEAN);
+}

@@ -206,6 +206,21 @@ impl Containerd {
         cmd
     }
 
+    /// `ctr task exec --exec-id EXEC_ID ID CMD...` that must succeed; its
+    /// stdout.
+    pub fn exec_ok(&self, id: &str, exec_id: &str, cmd: &[&str]) -> String {
+        let mut args = vec!["task", "exec", "--exec-id", exec_id, id];
+        args.extend_from_slice(cmd);
+        let r = self.ctr(&args);
+        assert_eq!(
+            r.code,
+            Some(0),
+            "exec {cmd:?} in {id}: {r:?}\n{}",
+            self.diagnostics()
+        );
+        r.stdout
+    }
+
     /// Run `ctr ARGS` with no stdin, at most 10 minutes.
     pub fn ctr(&self, args: &[&str]) -> Run {
         self.ctr_with(args, None, Duration::from_secs(600))

@@ -39,25 +39,11 @@ fn containerd(name: &str) -> Containerd {
     )
 }
 
-fn exec(c: &Containerd, id: &str, exec_id: &str, cmd: &[&str]) -> String {
-    let mut args = vec!["task", "exec", "--exec-id", exec_id, id];
-    args.extend_from_slice(cmd);
-    let r = c.ctr(&args);
-    assert_eq!(
-        r.code,
-        Some(0),
-        "exec {cmd:?} in {id}: {r:?}\n{}",
-        c.diagnostics()
-    );
-    r.stdout
-}
-
 fn counter(c: &Containerd, id: &str, exec_id: &str) -> u64 {
     // `echo $i > /tmp/counter` truncates before it writes: a read can land
     // in between and see an empty file, so an empty read is repeated.
     for attempt in 0..5 {
-        let out = exec(
-            c,
+        let out = c.exec_ok(
             id,
             &format!("{exec_id}-{attempt}"),
             &["cat", "/tmp/counter"],
@@ -78,8 +64,7 @@ fn counter(c: &Containerd, id: &str, exec_id: &str) -> u64 {
 /// The tick numbers that came through the loopback connection so far,
 /// checked to be 1, 2, 3, ... (one connection, nothing lost or repeated).
 fn received_ticks(c: &Containerd, id: &str, exec_id: &str) -> u64 {
-    let out = exec(
-        c,
+    let out = c.exec_ok(
         id,
         exec_id,
         &["sh", "-c", "cat /tmp/received 2>/dev/null; true"],
@@ -119,7 +104,7 @@ fn wait_ticks(c: &Containerd, id: &str, than: u64) -> u64 {
 
 /// `pid args` of the long-lived processes (not ps, not the 1 s sleeps).
 fn long_lived(c: &Containerd, id: &str, exec_id: &str) -> Vec<String> {
-    let out = exec(c, id, exec_id, &["ps", "-o", "pid,args"]);
+    let out = c.exec_ok(id, exec_id, &["ps", "-o", "pid,args"]);
     let mut v: Vec<String> = out
         .lines()
         .skip(1)
@@ -259,7 +244,7 @@ fn checkpoint_then_restore_continues_the_process_tree_three_times_and_refuses_a_
             std::thread::sleep(Duration::from_secs(1));
         }
         // The clock was stepped to the host's time.
-        let guest: i64 = exec(&c, id, "r-date", &["date", "+%s"])
+        let guest: i64 = c.exec_ok(id, "r-date", &["date", "+%s"])
             .trim()
             .parse()
             .unwrap();

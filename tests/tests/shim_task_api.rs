@@ -48,20 +48,6 @@ fn run_detached(c: &Containerd, flags: &[&str], id: &str, cmd: &[&str]) {
     c.wait_status(id, "RUNNING", LONG);
 }
 
-/// `ctr task exec` that must succeed; its stdout.
-fn exec(c: &Containerd, id: &str, exec_id: &str, cmd: &[&str]) -> String {
-    let mut args = vec!["task", "exec", "--exec-id", exec_id, id];
-    args.extend_from_slice(cmd);
-    let r = c.ctr(&args);
-    assert_eq!(
-        r.code,
-        Some(0),
-        "exec {cmd:?} in {id}: {r:?}\n{}",
-        c.diagnostics()
-    );
-    r.stdout
-}
-
 /// Kill task `id`, delete it and its container, and check nothing is left.
 fn kill_and_remove(c: &Containerd, id: &str) {
     assert_eq!(c.ctr(&["task", "kill", "-s", "SIGKILL", id]).code, Some(0));
@@ -130,8 +116,7 @@ fn metrics_are_the_guests() {
     step("fill 48 MiB of /dev/shm");
     // 48 MiB into the container's /dev/shm (tmpfs: guest memory that
     // cannot be reclaimed while the file exists).
-    let out = exec(
-        &c,
+    let out = c.exec_ok(
         id,
         "fill",
         &[
@@ -149,8 +134,7 @@ fn metrics_are_the_guests() {
 
     step("three background processes");
     // Three more processes, detached from the exec's stdio.
-    exec(
-        &c,
+    c.exec_ok(
         id,
         "bg",
         &[
@@ -169,8 +153,7 @@ fn metrics_are_the_guests() {
 
     step("busy loop");
     // Three seconds of busy loop.
-    exec(
-        &c,
+    c.exec_ok(
         id,
         "busy",
         &[
@@ -455,7 +438,8 @@ fn containerd_restart_reconnects_and_delete_shuts_the_shim_down() {
     assert_eq!(c.vmm_pid(id), vmm, "the same VM runs the task");
     assert!(process_running(vmm), "burrow-vmm {vmm} still runs");
     assert_eq!(
-        exec(&c, id, "after-restart", &["echo", "still here"]).trim(),
+        c.exec_ok(id, "after-restart", &["echo", "still here"])
+            .trim(),
         "still here"
     );
 

@@ -85,9 +85,14 @@ fn a_missing_kernel_is_refused_with_what_to_do() {
 
 /// hack/run-vm-binary with its logs and retry record in a fresh directory.
 fn run_vm_binary(dir: &std::path::Path, script: &str) -> std::process::Output {
+    run_vm_binary_with(dir, script, &[])
+}
+
+fn run_vm_binary_with(dir: &std::path::Path, script: &str, env: &[(&str, &str)]) -> std::process::Output {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     Command::new(root.join("hack/run-vm-binary"))
         .current_dir(&root)
+        .envs(env.iter().copied())
         .env("BURROW_TEST_LOGS", dir.join("logs"))
         .env("BURROW_RETRIES", dir.join("retries"))
         .args(["--timeout", "300", "selftest", "--", "sh", "-c", script])
@@ -141,6 +146,49 @@ fn a_test_host_soft_lockup_is_detected_within_90s_and_retried_once() {
         .unwrap_or_else(|| panic!("the first attempt's log says when: {first}"));
     assert!(after <= 90, "detected {after} s after the test host started: {first}");
     assert!(stderr.contains("running selftest once more"), "{all}");
+}
+
+/// A script whose attempts up to `bad` print the test host's own soft
+/// lockup line on its console (as its kernel would) and then wait.
+fn fake_lockup_until(bad: u32) -> String {
+    format!(
+        "if [ \"$BURROW_TESTHOST_ATTEMPT\" -le {bad} ]; then \
+         echo '<2>watchdog: BUG: soft lockup - CPU#0 stuck for 23s! [selftest:1]' >/dev/kmsg; sleep 200; fi; \
+         echo attempt $BURROW_TESTHOST_ATTEMPT done"
+    )
+}
+
+fn retry_lines(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(dir.join("retries")).unwrap_or_default().lines().map(str::to_string).collect()
+}
+
+/// CI saw one binary's test host freeze twice in a row: a binary gets two
+/// retries, each recorded, each attempt's log kept.
+#[test]
+fn a_binary_gets_two_retries_for_test_host_trouble() {
+    let _turn = turn();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = run_vm_binary(dir.path(), &fake_lockup_until(2));
+    let all = output_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{all}");
+    assert!(all.contains("attempt 3 done"), "{all}");
+    assert_eq!(retry_lines(dir.path()), ["selftest soft lockup", "selftest soft lockup"], "{all}");
+    let kept = std::fs::read_dir(dir.path().join("logs")).expect("kept logs").count();
+    assert_eq!(kept, 2, "attempts 1 and 2 kept: {all}");
+}
+
+/// A run's retries are bounded: with the budget spent, trouble is a
+/// failure (exit 75) that says so, not one more test host.
+#[test]
+fn test_host_trouble_past_the_retry_budget_fails_and_says_why() {
+    let _turn = turn();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = run_vm_binary_with(dir.path(), &fake_lockup_until(9), &[("BURROW_RETRY_BUDGET", "1")]);
+    let all = output_of(&out);
+    assert_eq!(out.status.code(), Some(75), "{all}");
+    assert!(!all.contains("done"), "{all}");
+    assert!(all.contains("already spent its 1 retries (BURROW_RETRY_BUDGET): giving up"), "{all}");
+    assert_eq!(retry_lines(dir.path()), ["selftest soft lockup"], "{all}");
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! containerd → containerd-shim-burrow-v2 → burrow-vmm → guest agent, end to
 //! end: each test starts its own containerd (state on scratch space, the
 //! locally built busybox image imported) and drives it with `ctr`, as a user
-//! would. Run inside hack/testhost (or on a host with hardware KVM).
+//! would. Run inside hack/testhost (or on a host with hardware KVM). The
+//! many-VM tests (repeated runs, five at once) are in shim_load.rs.
 
 #![allow(clippy::unwrap_used)]
 
@@ -9,6 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use burrow_tests::containerd::{wait_output, Containerd, IMAGE, RUNTIME};
+use burrow_tests::ps::{ps_pid, ps_rows};
 
 /// Nested guests boot slowly (QEMU TCG): allow minutes, assert no timings.
 const LONG: Duration = Duration::from_secs(900);
@@ -67,67 +69,6 @@ fn ctr_run_prints_output_and_exit_status_from_a_separate_kernel() {
         "the container's ps is not visible inside it:\n{}",
         r.stdout
     );
-    c.assert_clean(CLEAN);
-}
-
-/// `ps -o pid,comm` output: the (pid, command) rows after its header.
-/// `ps -o pid,comm[,...]` rows after its header: (pid, comm).
-fn ps_rows(lines: &[&str]) -> Vec<(u32, String)> {
-    let mut rows = lines.iter().skip_while(|l| l.split_whitespace().take(2).collect::<Vec<_>>() != ["PID", "COMMAND"]);
-    assert!(rows.next().is_some(), "no `ps` header in {lines:?}");
-    rows.filter_map(|l| Some((ps_pid(l)?, l.split_whitespace().nth(1)?.to_string()))).collect()
-}
-
-/// The PID a `ps` row starts with.
-fn ps_pid(line: &str) -> Option<u32> {
-    line.split_whitespace().next()?.parse().ok()
-}
-
-/// How many times the repeat test runs each command (BURROW_TEST_REPEAT).
-fn repeats() -> usize {
-    std::env::var("BURROW_TEST_REPEAT").ok().and_then(|v| v.parse().ok()).unwrap_or(12)
-}
-
-/// hack/demo's command, many times: `ps`, the container's last command, is
-/// its PID 1 and must list itself in every run (hack/demo once printed only
-/// the header). And a process's last line before it exits must always
-/// arrive, after everything it printed before.
-#[test]
-fn every_line_arrives_in_repeated_runs() {
-    let c = containerd("repeat");
-    let n = repeats();
-    let mut failures = Vec::new();
-    for i in 0..n {
-        let id = format!("t-ps-{i}");
-        let r = c.ctr(&run(
-            &["--rm"],
-            &id,
-            &["sh", "-c", "echo \"hello: kernel $(uname -r), $(grep -c ^processor /proc/cpuinfo) vCPU\"; echo visible:; ps -o pid,comm"],
-        ));
-        let lines: Vec<&str> = r.stdout.lines().collect();
-        let ok = r.code == Some(0)
-            && lines.len() == 4
-            && lines[0].starts_with("hello: kernel ")
-            && lines[1] == "visible:"
-            && ps_rows(&lines[1..]) == [(1, "ps".to_string())];
-        if !ok {
-            failures.push(format!("ps, run {i}: {r:?}"));
-        }
-    }
-    let expected: String = (1..=300).map(|k| format!("{k}\n")).collect::<String>() + "the last line\n";
-    for i in 0..n {
-        let id = format!("t-last-{i}");
-        let r = c.ctr(&run(&["--rm"], &id, &["sh", "-c", "seq 1 300; echo the last line"]));
-        if r.code != Some(0) || r.stdout != expected {
-            failures.push(format!(
-                "last line, run {i}: code {:?}, stdout ends {:?}, stderr {:?}",
-                r.code,
-                r.stdout.get(r.stdout.len().saturating_sub(40)..),
-                r.stderr
-            ));
-        }
-    }
-    assert!(failures.is_empty(), "{} of {} runs lost output:\n{}\n{}", failures.len(), 2 * n, failures.join("\n"), c.diagnostics());
     c.assert_clean(CLEAN);
 }
 
@@ -202,26 +143,6 @@ fn ctr_task_exec_ps_pause_resume_kill_delete() {
     let d = c.ctr(&["task", "delete", "t-task"]);
     assert_eq!(d.code, Some(0), "{d:?}");
     assert_eq!(c.ctr(&["containers", "rm", "t-task"]).code, Some(0));
-    c.assert_clean(CLEAN);
-}
-
-#[test]
-fn five_containers_at_once() {
-    let c = containerd("five");
-    let ids: Vec<String> = (0..5).map(|i| format!("t-five-{i}")).collect();
-    let children: Vec<_> = ids
-        .iter()
-        .map(|id| {
-            let msg = format!("hello {id}");
-            c.spawn_ctr(&run(&["--rm"], id, &["echo", &msg]))
-        })
-        .collect();
-    for (id, child) in ids.iter().zip(children) {
-        let (out, killed) = wait_output(child, LONG);
-        assert!(!killed, "{id} hung\n{}", c.diagnostics());
-        assert_eq!(out.status.code(), Some(0), "{id}: {out:?}\n{}", c.diagnostics());
-        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("hello {id}"));
-    }
     c.assert_clean(CLEAN);
 }
 

@@ -350,7 +350,15 @@ fn run_loop(id: usize, vcpu: &mut VcpuFd, bus: &Bus, ctl: &VcpuControl) -> Optio
             Ok(VcpuExit::IoOut(port, data)) => bus.pio_write(port, data),
             Ok(VcpuExit::MmioRead(addr, data)) => bus.mmio_read(addr, data),
             Ok(VcpuExit::MmioWrite(addr, data)) => bus.mmio_write(addr, data),
-            Ok(VcpuExit::Hlt) => return Some(ExitReason::Poweroff),
+            Ok(VcpuExit::Hlt) => {
+                // The in-kernel LAPIC handles HLT itself; KVM reports it
+                // only when the vCPU can never wake. Say where it stopped.
+                tracing::warn!(
+                    "vcpu{id}: halted with no way to wake (KVM_EXIT_HLT): {}",
+                    crate::x86_64::fault::describe(vcpu)
+                );
+                return Some(ExitReason::Poweroff);
+            }
             Ok(VcpuExit::Shutdown) => {
                 tracing::error!(
                     "vcpu{id}: guest triple fault: {}",

@@ -72,7 +72,27 @@ pub fn wait_output(mut child: Child, limit: Duration) -> (Output, bool) {
     )
 }
 
+/// burrow config for the ctr suites in the nested test host: guests boot
+/// slowly there (QEMU TCG), most of all several at once, so the timeouts
+/// are generous; 256 MiB guests.
+pub const NESTED_CONFIG: &str = "agent_timeout_secs = 60\nboot_timeout_secs = 900\n[memory_mib]\ndefault = 256\n";
+
+/// How long a nested guest may take to get somewhere (tests assert no
+/// timings), and how long a finished test's cleanup may take.
+pub const LONG: Duration = Duration::from_secs(900);
+pub const CLEAN: Duration = Duration::from_secs(60);
+
+/// `ctr run` arguments: see [`Containerd::run_args`].
+pub fn run<'a>(flags: &[&'a str], id: &'a str, cmd: &[&'a str]) -> Vec<&'a str> {
+    Containerd::run_args(flags, id, cmd)
+}
+
 impl Containerd {
+    /// containerd with [`NESTED_CONFIG`] for test `name`.
+    pub fn nested(name: &str) -> Self {
+        Self::start(name, NESTED_CONFIG)
+    }
+
     /// Start containerd for test `name` with burrow's `extra_config` lines
     /// appended to the generated burrow config.
     pub fn start(name: &str, extra_config: &str) -> Self {

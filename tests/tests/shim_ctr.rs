@@ -9,24 +9,11 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use burrow_tests::containerd::{wait_output, Containerd, IMAGE, RUNTIME};
+use burrow_tests::containerd::{run, wait_output, Containerd, CLEAN, IMAGE, LONG, RUNTIME};
 use burrow_tests::ps::{ps_pid, ps_rows};
 
-/// Nested guests boot slowly (QEMU TCG): allow minutes, assert no timings.
-const LONG: Duration = Duration::from_secs(900);
-const CLEAN: Duration = Duration::from_secs(60);
-
 fn containerd(name: &str) -> Containerd {
-    // Generous timeouts: guests boot slowly in the nested test host, most
-    // of all five at once.
-    Containerd::start(
-        name,
-        "agent_timeout_secs = 60\nboot_timeout_secs = 900\n[memory_mib]\ndefault = 256\n",
-    )
-}
-
-fn run<'a>(flags: &[&'a str], id: &'a str, cmd: &[&'a str]) -> Vec<&'a str> {
-    Containerd::run_args(flags, id, cmd)
+    Containerd::nested(name)
 }
 
 #[test]

@@ -14,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use burrow_tests::containerd::{process_running, wait_output, Containerd};
+use burrow_tests::containerd::{process_running, run, wait_output, Containerd};
 
 /// Nested guests boot slowly (QEMU TCG): allow minutes (a container starts
 /// in about 15 s there), assert no timings.
@@ -22,8 +22,6 @@ const LONG: Duration = Duration::from_secs(300);
 const CLEAN: Duration = Duration::from_secs(60);
 const MIB: u64 = 1 << 20;
 
-const BURROW_CONFIG: &str =
-    "agent_timeout_secs = 60\nboot_timeout_secs = 900\n[memory_mib]\ndefault = 256\n";
 
 /// Progress on stderr (seen with --nocapture in the test host's log).
 fn step(what: &str) {
@@ -31,11 +29,7 @@ fn step(what: &str) {
 }
 
 fn containerd(name: &str) -> Containerd {
-    Containerd::start(name, BURROW_CONFIG)
-}
-
-fn run<'a>(flags: &[&'a str], id: &'a str, cmd: &[&'a str]) -> Vec<&'a str> {
-    Containerd::run_args(flags, id, cmd)
+    Containerd::nested(name)
 }
 
 /// `ctr run -d` with `flags`, and wait until the task runs.

@@ -19,7 +19,8 @@ pub struct VsockConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SerialOutput {
     Stdout,
-    File(PathBuf),
+    /// A file, rotated to `PATH.1` past `max_bytes` (see [`crate::capped`]).
+    File { path: PathBuf, max_bytes: u64 },
     Discard,
 }
 

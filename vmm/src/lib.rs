@@ -7,6 +7,7 @@
 
 pub mod api;
 pub mod bus;
+pub mod capped;
 pub mod config;
 pub mod devices;
 pub mod probe;

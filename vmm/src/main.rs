@@ -27,9 +27,13 @@ fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
-        .with_writer(std::io::stderr)
+        .with_writer(|| burrow_vmm::capped::CappedLog)
         .init();
-    match Cli::from_env() {
+    let cli = Cli::from_env();
+    if let VmmCommand::Run(args) = &cli {
+        burrow_vmm::capped::CappedLog::set_max(args.log_max);
+    }
+    match cli {
         VmmCommand::Probe => match burrow_vmm::probe::run_tiny_guest() {
             Ok(o) => {
                 println!("tiny guest wrote {:#x} in {} exits", o.byte, o.exits);
@@ -62,7 +66,7 @@ fn bind_api(args: &RunArgs) -> anyhow::Result<Option<UnixListener>> {
 
 fn serial_config(args: &RunArgs) -> (SerialOutput, bool) {
     let out = match &args.serial_log {
-        Some(p) => SerialOutput::File(p.clone()),
+        Some(p) => SerialOutput::File { path: p.clone(), max_bytes: args.serial_log_max },
         None => SerialOutput::Stdout,
     };
     // SAFETY: isatty only inspects the descriptor.

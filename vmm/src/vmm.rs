@@ -633,11 +633,8 @@ fn register_memory(vm: &VmFd, mem: &GuestMemoryMmap, log_dirty: bool) -> Result<
 fn serial_output(serial: &SerialOutput, panicked: &Arc<AtomicBool>) -> Result<SerialOut, VmmError> {
     let out: SerialOut = match serial {
         SerialOutput::Stdout => Box::new(std::io::stdout()),
-        SerialOutput::File(p) => Box::new(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(p)
+        SerialOutput::File { path, max_bytes } => Box::new(
+            crate::capped::RotatingFile::open(path, *max_bytes)
                 .map_err(|e| VmmError::Io("cannot open serial log", e))?,
         ),
         SerialOutput::Discard => Box::new(std::io::sink()),

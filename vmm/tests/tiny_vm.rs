@@ -245,3 +245,76 @@ fn control_api_start_pause_resume_stop() {
     assert!(reader.join().unwrap().contains("spinning"));
     assert!(!api.exists(), "API socket removed on exit");
 }
+
+/// A hostile guest writes its console without end (`rep outsb`) and pokes
+/// an address with no device behind it (a VMM log line each, at debug): the serial log stays under its cap (the newest output in
+/// `PATH`, the previous in `PATH.1`), the VMM's own log under its cap with
+/// one line saying so, and the control API still answers at once.
+#[test]
+fn a_guest_flooding_its_console_stays_under_the_log_caps() {
+    let d = tmpdir("flood");
+    let mut code = print32(b"flood\n");
+    // l: mov esi, ENTRY; mov ecx, 4096; rep outsb; mov [0xd0000000], eax;
+    //    jmp l   (the store hits no device: the VMM logs it at debug)
+    let lp = code.len();
+    code.extend_from_slice(&[0xbe, 0x00, 0x00, 0x10, 0x00]);
+    code.extend_from_slice(&[0xb9, 0x00, 0x10, 0x00, 0x00]);
+    code.extend_from_slice(&[0xf3, 0x6e]);
+    code.extend_from_slice(&[0xa3, 0x00, 0x00, 0x00, 0xd0]);
+    let back = lp as i64 - (code.len() as i64 + 2);
+    code.extend_from_slice(&[0xeb, back as i8 as u8]);
+    let k = kernel(&d, &code, true);
+    let log = d.join("serial.log");
+    let rotated = d.join("serial.log.1");
+    let api = d.join("api.sock");
+    const CAP: u64 = 64 << 10;
+    const LOG_CAP: u64 = 4096;
+    let child = vmm(&[
+        "--kernel",
+        k.to_str().unwrap(),
+        "--serial-log",
+        log.to_str().unwrap(),
+        "--serial-log-max",
+        &CAP.to_string(),
+        "--log-max",
+        &LOG_CAP.to_string(),
+        "--api",
+        api.to_str().unwrap(),
+    ])
+    .env("RUST_LOG", "trace")
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    // Wait until the guest has written several caps' worth: the log has
+    // been rotated and refilled.
+    let start = Instant::now();
+    let mut rotations = 0;
+    let mut last_len = 0;
+    while rotations < 5 {
+        let len = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
+        if len < last_len {
+            rotations += 1;
+        }
+        last_len = len;
+        assert!(len <= CAP, "serial log at {len} bytes, over its cap {CAP}");
+        assert!(start.elapsed() < Duration::from_secs(60), "the guest wrote too little in 60 s ({rotations} rotations)");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(std::fs::metadata(&rotated).unwrap().len() <= CAP);
+    let stream = UnixStream::connect(&api).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut s = BufReader::new(stream);
+    let asked = Instant::now();
+    assert!(request(&mut s, "status").contains("running"));
+    assert!(asked.elapsed() < Duration::from_secs(1), "status took {:?} under the flood", asked.elapsed());
+    s.get_mut().write_all(b"{\"cmd\":\"stop\"}\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("log reached its cap of 4096 bytes"), "{stderr}");
+    // The cap, the line saying so, and the exit line at most.
+    assert!(stderr.len() < LOG_CAP as usize + 400, "{} bytes of VMM log", stderr.len());
+    let names: Vec<_> = std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names.len(), 3, "vmlinux, serial.log and serial.log.1 only: {names:?}");
+}

@@ -30,6 +30,10 @@ pub const DEFAULT_CID: u64 = 3;
 pub const DEFAULT_VCPUS: u8 = 1;
 /// Default guest memory in MiB.
 pub const DEFAULT_MEM_MIB: u64 = 256;
+/// Default cap of each serial log file (`PATH` and its rotation `PATH.1`).
+pub const DEFAULT_SERIAL_LOG_MAX: u64 = 8 << 20;
+/// Default cap of the VMM's own log (stderr).
+pub const DEFAULT_LOG_MAX: u64 = 16 << 20;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -95,6 +99,14 @@ pub struct VmmArgs {
     /// Write the serial console to this file instead of stdout.
     #[arg(long)]
     pub serial_log: Option<PathBuf>,
+    /// Cap of the serial log file in bytes: past it the file is rotated to
+    /// `PATH.1` (so the guest can make it use at most twice this).
+    #[arg(long, default_value_t = DEFAULT_SERIAL_LOG_MAX)]
+    pub serial_log_max: u64,
+    /// Cap of the VMM's own log (stderr) in bytes; later messages are
+    /// dropped, after one line that says so.
+    #[arg(long, default_value_t = DEFAULT_LOG_MAX)]
+    pub log_max: u64,
     /// Control API socket (JSON lines, see [`crate::messages`]).
     #[arg(long)]
     pub api: Option<PathBuf>,
@@ -118,6 +130,8 @@ impl VmmArgs {
             vcpus: DEFAULT_VCPUS,
             mem_mib: DEFAULT_MEM_MIB,
             serial_log: None,
+            serial_log_max: DEFAULT_SERIAL_LOG_MAX,
+            log_max: DEFAULT_LOG_MAX,
             api: None,
             paused: false,
         }
@@ -171,6 +185,12 @@ impl VmmArgs {
             if let Some(p) = path {
                 flag(name, p.into());
             }
+        }
+        if self.serial_log.is_some() && self.serial_log_max != DEFAULT_SERIAL_LOG_MAX {
+            flag("serial-log-max", self.serial_log_max.to_string().into());
+        }
+        if self.log_max != DEFAULT_LOG_MAX {
+            flag("log-max", self.log_max.to_string().into());
         }
         if self.paused {
             a.push("--paused".into());

@@ -17,7 +17,7 @@ pub mod layout;
 pub mod messages;
 pub mod sandbox_control;
 
-pub use args::{Cli, DiskArg, VmmArgs, VmmCommand, BASE_CMDLINE};
+pub use args::{Cli, DiskArg, VmmArgs, VmmCommand, BASE_CMDLINE, DEFAULT_LOG_MAX, DEFAULT_SERIAL_LOG_MAX};
 pub use error::{ApiError, ErrorKind};
 pub use messages::{Command, Event, Line, Request, Response, SnapshotInfo, VmState, MAX_LINE};
 

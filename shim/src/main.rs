@@ -5,6 +5,11 @@ use burrow_shim::shim::{shim_config, BurrowShim, RUNTIME};
 
 #[tokio::main]
 async fn main() {
+    // Everything the shim and its VMMs create (rootfs images, snapshots,
+    // consoles, logs, sockets, state directories) is theirs alone: guest
+    // memory in a snapshot holds the agent's secrets (issue 15).
+    // SAFETY: umask has no memory-safety preconditions.
+    unsafe { libc::umask(0o077) };
     let args: Vec<String> = std::env::args().collect();
     if args
         .iter()

@@ -314,6 +314,34 @@ impl Containerd {
         self.dir.join("burrow")
     }
 
+    /// Every file, directory and socket burrow made for this containerd
+    /// (state and snapshots) is private: no group or other permission bits.
+    /// Fails if there is no VM console among them (nothing was checked).
+    pub fn assert_private(&self) {
+        use std::os::unix::fs::PermissionsExt;
+        let mut seen = Vec::new();
+        let mut open = Vec::new();
+        for root in [self.burrow_state(), self.snapshot_dir()] {
+            let mut stack = vec![root];
+            while let Some(p) = stack.pop() {
+                let Ok(meta) = std::fs::symlink_metadata(&p) else { continue };
+                if meta.permissions().mode() & 0o077 != 0 {
+                    open.push(format!("{:o} {}", meta.permissions().mode() & 0o7777, p.display()));
+                }
+                if meta.is_dir() {
+                    stack.extend(std::fs::read_dir(&p).into_iter().flatten().flatten().map(|e| e.path()));
+                }
+                seen.push(p);
+            }
+        }
+        assert!(
+            seen.iter().any(|p| p.file_name().is_some_and(|n| n == "console.log")),
+            "no VM console under {}: {seen:?}",
+            self.burrow_state().display()
+        );
+        assert!(open.is_empty(), "readable by others:\n{}", open.join("\n"));
+    }
+
     /// burrow's hibernation snapshots for this containerd.
     pub fn snapshot_dir(&self) -> PathBuf {
         self.dir.join("snapshots")

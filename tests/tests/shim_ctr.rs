@@ -124,6 +124,8 @@ fn ctr_task_exec_ps_pause_resume_kill_delete() {
     c.wait_status("t-task", "RUNNING", LONG);
     let e = c.ctr(&["task", "exec", "--exec-id", "e2", "t-task", "echo", "after resume"]);
     assert_eq!((e.code, e.stdout.trim()), (Some(0), "after resume"), "{e:?}\n{}", c.diagnostics());
+    // The rootfs image, console, logs and sockets are the host root's only.
+    c.assert_private();
 
     assert_eq!(c.ctr(&["task", "kill", "-s", "SIGKILL", "t-task"]).code, Some(0));
     c.wait_status("t-task", "STOPPED", LONG);

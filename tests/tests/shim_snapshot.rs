@@ -374,6 +374,8 @@ fn hibernate_stops_the_vmm_and_the_next_call_wakes_it_transparently() {
     );
     assert!(c.snapshot_dir().join("default/t-hib/burrow.json").is_file());
     assert_eq!(sandbox_state(&c, "t-hib"), "asleep");
+    // The sleeping VM's memory (the agent's secrets) is root's only.
+    c.assert_private();
     assert_eq!(
         c.task_status("t-hib").as_deref(),
         Some("RUNNING"),

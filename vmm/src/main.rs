@@ -22,6 +22,10 @@ use burrow_vmm_api::{ApiError, Cli, ErrorKind, VmmArgs, VmmCommand};
 type RunArgs = VmmArgs;
 
 fn main() -> ExitCode {
+    // Snapshots (guest memory), the serial log and the API socket are
+    // private to the VMM's user.
+    // SAFETY: umask has no memory-safety preconditions.
+    unsafe { libc::umask(0o077) };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

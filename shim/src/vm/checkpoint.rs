@@ -6,6 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
+use super::intake::Intake;
 use super::lifecycle::VmInfo;
 use super::rootfs::GuestRootfs;
 use super::{snapshot, sparse};
@@ -109,37 +110,34 @@ pub fn complete_hibernation(dir: &Path, c: &Contents, info: VmInfo, link: String
     snapshot::write_manifest(dir, &manifest(c, info, Some(link), false))
 }
 
-/// Give a restore of the checkpoint in `dir` (with `manifest`) its own
-/// disk `img` (the checkpoint stays usable for more restores) and return
-/// the VM snapshot directory to restore. A packed checkpoint is unpacked
-/// into `unpacked`, which the caller removes once the VM runs (the VMM maps
-/// the memory file privately).
+/// Give a restore of the checkpoint in `dir` (with `manifest`, its files
+/// checked and held open in `files`) its own disk `img` (the checkpoint
+/// stays usable for more restores) and return the VM snapshot directory to
+/// restore. A packed checkpoint is unpacked from the open files into
+/// `unpacked`, which the caller removes once the VM runs (the VMM maps the
+/// memory file privately).
 pub async fn prepare_restore(
     dir: &Path,
     manifest: &snapshot::Manifest,
+    files: &Intake,
     img: &Path,
     unpacked: &Path,
 ) -> Result<PathBuf> {
     if !manifest.packed {
-        snapshot::copy_disk(&dir.join(snapshot::ROOTFS), img).await?;
+        snapshot::copy_disk(&files.disk.path(), img).await?;
         return Ok(snapshot::vm_dir(dir));
     }
-    let from = snapshot::vm_dir(dir);
     let _ = std::fs::remove_dir_all(unpacked);
     std::fs::create_dir_all(unpacked)
-        .and_then(|()| std::fs::copy(from.join("state"), unpacked.join("state")))
+        .and_then(|()| std::fs::copy(files.state.path(), unpacked.join(snapshot::STATE_FILE)))
         .map_err(|e| {
             SandboxError::Internal(format!(
                 "copying the VM state to {}: {e}",
                 unpacked.display()
             ))
         })?;
-    let memory = (
-        from.join(snapshot::packed(snapshot::MEMORY)),
-        unpacked.join(snapshot::MEMORY),
-    );
-    sparse_job("unpacking", memory.0, memory.1, sparse::unpack).await?;
-    let disk = dir.join(snapshot::packed(snapshot::ROOTFS));
-    sparse_job("unpacking", disk, img.to_path_buf(), sparse::unpack).await?;
+    let memory = unpacked.join(snapshot::MEMORY);
+    sparse_job("unpacking", files.memory.path(), memory, sparse::unpack).await?;
+    sparse_job("unpacking", files.disk.path(), img.to_path_buf(), sparse::unpack).await?;
     Ok(unpacked.to_path_buf())
 }

@@ -19,6 +19,7 @@
 pub mod agent;
 pub mod checkpoint;
 pub mod hibernate;
+pub mod intake;
 pub mod launch;
 pub mod lifecycle;
 pub mod named;
@@ -339,6 +340,13 @@ impl VmSandbox {
 
     async fn restore_inner(&self, cfg: &Config, c: &ContainerConfig, dir: &Path) -> Result<u32> {
         let manifest = snapshot::read_manifest(dir)?;
+        // One the shim wrote under its snapshot dir (named), else containerd's.
+        let origin = if dir.starts_with(&cfg.snapshot_dir) {
+            intake::Origin::Named
+        } else {
+            intake::Origin::Containerd
+        };
+        let files = intake::take(dir, &manifest, cfg, origin)?;
         self.check_socket_paths()?;
         std::fs::create_dir_all(&self.dir)
             .map_err(|e| SandboxError::Internal(format!("creating {}: {e}", self.dir.display())))?;
@@ -357,7 +365,7 @@ impl VmSandbox {
             },
         );
         let unpacked = self.path("restore-vm");
-        let vm_dir = checkpoint::prepare_restore(dir, &manifest, &img, &unpacked).await?;
+        let vm_dir = checkpoint::prepare_restore(dir, &manifest, &files, &img, &unpacked).await?;
         let args = self.vmm_args(
             cfg,
             (img, manifest.rootfs_read_only),

@@ -33,9 +33,15 @@ fn main() -> ExitCode {
         )
         .with_writer(|| burrow_vmm::capped::CappedLog)
         .init();
+    // The VMM never executes anything: no privileges to gain (issue 15).
+    // SAFETY: prctl(PR_SET_NO_NEW_PRIVS) has no memory-safety preconditions.
+    unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
     let cli = Cli::from_env();
     if let VmmCommand::Run(args) = &cli {
         burrow_vmm::capped::CappedLog::set_max(args.log_max);
+        if args.exit_with_parent {
+            exit_with_parent();
+        }
     }
     match cli {
         VmmCommand::Probe => match burrow_vmm::probe::run_tiny_guest() {
@@ -50,6 +56,22 @@ fn main() -> ExitCode {
         },
         VmmCommand::Run(args) => run(*args),
     }
+}
+
+/// Watch the parent: once it is gone (this process was handed to another),
+/// end at once. Polled, not PR_SET_PDEATHSIG: that fires when the parent's
+/// *thread* that spawned us exits, and the shim spawns from tokio threads.
+fn exit_with_parent() {
+    // SAFETY: getppid has no preconditions.
+    let parent = unsafe { libc::getppid() };
+    let _ = std::thread::Builder::new().name("parent-watch".into()).spawn(move || loop {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        // SAFETY: as above.
+        if unsafe { libc::getppid() } != parent {
+            eprintln!("burrow-vmm: the process that started it (pid {parent}) exited; stopping the VM");
+            std::process::exit(1);
+        }
+    });
 }
 
 fn bind_api(args: &RunArgs) -> anyhow::Result<Option<UnixListener>> {

@@ -318,3 +318,45 @@ fn a_guest_flooding_its_console_stays_under_the_log_caps() {
     let names: Vec<_> = std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(names.len(), 3, "vmlinux, serial.log and serial.log.1 only: {names:?}");
 }
+
+/// With `--exit-with-parent` (the shim always passes it), a VMM whose
+/// parent dies stops at once: a crashed shim leaves no VM running. Without
+/// it, a VMM outlives its parent (a control run, so the check can fail).
+#[test]
+fn the_vm_ends_with_its_parent_when_asked() {
+    let d = tmpdir("parent");
+    let mut code = print32(b"spinning\n");
+    code.extend_from_slice(&[0xeb, 0xfe]); // jmp $
+    let k = kernel(&d, &code, true);
+    let vmm_bin = env!("CARGO_BIN_EXE_burrow-vmm");
+    let alive = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| s.rsplit(')').next().map(|r| !r.trim_start().starts_with('Z')))
+            .unwrap_or(false)
+    };
+    for with_flag in [true, false] {
+        let flag = if with_flag { "--exit-with-parent" } else { "" };
+        // The VMM's parent is this sh, which becomes `sleep 2` and exits.
+        let script = format!(
+            "{vmm_bin} run --kernel {} --mem 32 {flag} >/dev/null 2>{}/stderr & echo $!; exec sleep 2",
+            k.display(),
+            d.display()
+        );
+        let out = Command::new("sh").args(["-c", &script]).output().unwrap();
+        let pid: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+        let start = Instant::now();
+        while alive(pid) && start.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let stderr = std::fs::read_to_string(d.join("stderr")).unwrap_or_default();
+        if with_flag {
+            assert!(!alive(pid), "the VMM still runs {:?} after its parent exited", start.elapsed());
+            assert!(stderr.contains("exited; stopping the VM"), "{stderr}");
+        } else {
+            assert!(alive(pid), "without the flag the VMM should outlive its parent: {stderr}");
+            // SAFETY: kill has no memory-safety preconditions.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+    }
+}

@@ -236,6 +236,7 @@ impl VmSandbox {
                 vsock: Some(self.path("vsock.sock")),
                 api: Some(self.path("api.sock")),
                 serial_log: Some(self.path("console.log")),
+                exit_with_parent: true,
                 ..start
             },
             vcpus,

@@ -4,9 +4,9 @@
 //!
 //! `burrow-vmm run --kernel PATH [--initrd PATH] [--cmdline STR] [--append STR]...
 //! [--disk PATH[:ro]]... [--vsock PATH] [--cid N] [--vcpus N] [--mem MiB]
-//! [--serial-log PATH] [--api PATH] [--paused]` boots a VM;
+//! [--serial-log PATH] [--api PATH] [--paused] [--exit-with-parent]` boots a VM;
 //! `burrow-vmm run --restore DIR [--disk PATH]... [--vsock PATH]
-//! [--serial-log PATH] [--api PATH] [--paused]` rebuilds one from a
+//! [--serial-log PATH] [--api PATH] [--paused] [--exit-with-parent]` rebuilds one from a
 //! snapshot directory; `burrow-vmm probe` checks that /dev/kvm runs guest
 //! code.
 
@@ -113,6 +113,10 @@ pub struct VmmArgs {
     /// Wait for a `start` command on the API socket before running vCPUs.
     #[arg(long, requires = "api")]
     pub paused: bool,
+    /// Stop the VM (exit 1) when the process that started the VMM exits:
+    /// a shim that dies leaves no VM behind. The shim always passes it.
+    #[arg(long)]
+    pub exit_with_parent: bool,
 }
 
 impl VmmArgs {
@@ -134,6 +138,7 @@ impl VmmArgs {
             log_max: DEFAULT_LOG_MAX,
             api: None,
             paused: false,
+            exit_with_parent: false,
         }
     }
 
@@ -194,6 +199,9 @@ impl VmmArgs {
         }
         if self.paused {
             a.push("--paused".into());
+        }
+        if self.exit_with_parent {
+            a.push("--exit-with-parent".into());
         }
         a
     }

@@ -18,6 +18,9 @@ use tokio::net::UnixStream;
 
 use crate::sandbox::{Chunk, ExitStatus, ProcessEntry, Result, SandboxError, SandboxStats, Stream};
 
+/// How long one connection attempt (connect and handshake) may take.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Longest reply line of the vsock handshake.
 const MAX_HANDSHAKE_LINE: usize = 64;
 
@@ -28,6 +31,15 @@ pub enum AgentAddr {
     Vsock { path: std::path::PathBuf, port: u32 },
     /// A plain unix socket (agent test mode).
     Unix(std::path::PathBuf),
+}
+
+impl AgentAddr {
+    /// The unix socket connected to.
+    pub fn path(&self) -> &Path {
+        match self {
+            Self::Vsock { path, .. } | Self::Unix(path) => path,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -142,7 +154,18 @@ impl Agent {
         let start = tokio::time::Instant::now();
         let mut last = String::from("never tried");
         while start.elapsed() < boot_timeout {
-            match connect_once(addr).await {
+            // A guest that takes the connection and never answers the
+            // handshake must not hold the shim past its deadline (issue 15).
+            let left = boot_timeout.saturating_sub(start.elapsed());
+            let attempt = tokio::time::timeout(left.min(HANDSHAKE_TIMEOUT), connect_once(addr))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(ConnectError::Handshake {
+                        path: addr.path().display().to_string(),
+                        msg: format!("no answer within {}s", left.min(HANDSHAKE_TIMEOUT).as_secs()),
+                    })
+                });
+            match attempt {
                 Ok(client) => {
                     let agent = Agent::new(client, timeout.min(Duration::from_secs(10)));
                     match agent.health().await {
@@ -509,5 +532,25 @@ mod tests {
             assert_eq!(r.is_ok(), expect_ok, "{r:?}");
         }
         drop(server);
+    }
+
+    /// A guest that accepts the connection and never answers the handshake
+    /// gets a timeout error by the boot deadline; the shim is not held.
+    #[tokio::test]
+    async fn a_silent_guest_times_out_by_the_deadline() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("v.sock");
+        let listener = tokio::net::UnixListener::bind(&path).expect("bind");
+        let _server = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((s, _)) = listener.accept().await {
+                held.push(s);
+            }
+        });
+        let addr = AgentAddr::Vsock { path: path.clone(), port: 1024 };
+        let start = std::time::Instant::now();
+        let r = Agent::connect(&addr, Duration::from_secs(1), Duration::from_secs(2)).await;
+        assert!(matches!(r, Err(SandboxError::Timeout(_))), "{:?}", r.err());
+        assert!(start.elapsed() < Duration::from_secs(5), "took {:?}", start.elapsed());
     }
 }

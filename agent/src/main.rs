@@ -13,6 +13,7 @@ mod browser;
 mod container;
 mod error;
 mod fs;
+mod host_only;
 mod init;
 mod process;
 mod reaper;
@@ -164,17 +165,16 @@ async fn serve(args: Args, pid1: bool) -> anyhow::Result<()> {
         browser.clone(),
     ));
     let services = burrow_protocol::create_agent(service);
-    let addr = match &args.listen {
-        Listen::Vsock(port) => format!("vsock://-1:{port}"),
+    let (addr, server) = match &args.listen {
+        Listen::Vsock(port) => (format!("vsock://-1:{port}"), Server::new().add_listener(host_only::listen(*port)?)),
         Listen::Unix(path) => {
             let _ = std::fs::remove_file(path);
-            format!("unix://{}", path.display())
+            let addr = format!("unix://{}", path.display());
+            let server = Server::new().bind(&addr).with_context(|| format!("listen on {addr}"))?;
+            (addr, server)
         }
     };
-    let mut server = Server::new()
-        .bind(&addr)
-        .with_context(|| format!("listen on {addr}"))?
-        .register_service(services);
+    let mut server = server.register_service(services);
     server.start().await.context("start the ttrpc server")?;
     tracing::info!(version = env!("CARGO_PKG_VERSION"), %addr, pid1, "burrow-agent serving");
     if pid1 {

@@ -210,4 +210,39 @@ pub mod agent_vm {
         let socket = burrow_protocol::ttrpc::r#async::transport::Socket::new(stream);
         burrow_protocol::AgentClient::new(burrow_protocol::ttrpc::r#async::Client::new(socket))
     }
+
+    /// A fresh, empty scratch directory `<tmp>/burrow-<name>-<pid>` for one
+    /// VM (its vsock socket, logs and disks).
+    pub fn scratch_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("burrow-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create the test's scratch directory");
+        dir
+    }
+
+    /// Run `test` against `vm`'s agent (once it answers, within
+    /// `boot_timeout`) on a tokio runtime. If `test` panics, the VM's serial
+    /// console and VMM stderr are printed before the panic goes on. Then
+    /// wait up to 2 minutes for the VM to exit (`test` powers it off) and
+    /// return how it exited.
+    pub fn drive<F, Fut>(vm: &mut Vm, boot_timeout: Duration, test: F) -> ExitStatus
+    where
+        F: FnOnce(burrow_protocol::AgentClient) -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        let stream = connect(vm, boot_timeout);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("tokio runtime");
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            rt.block_on(async { test(client(stream)).await })
+        }));
+        if let Err(panic) = outcome {
+            eprintln!("{}", vm.diagnostics());
+            std::panic::resume_unwind(panic);
+        }
+        vm.wait_exit(Duration::from_secs(120))
+    }
 }

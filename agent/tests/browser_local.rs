@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use burrow_protocol::agent::*;
 use burrow_protocol::ttrpc::{self, context};
-use burrow_protocol::AgentClient;
+
+mod support;
 
 fn ctx() -> context::Context {
     context::with_duration(Duration::from_secs(300))
@@ -34,29 +35,9 @@ async fn browser_in_test_mode() {
          oninput=\"o.textContent='typed '+this.value\"></body>",
     )
     .expect("write the page");
-    let sock = dir.path().join("agent.sock");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_burrow-agent"))
-        .arg("--listen")
-        .arg(format!("unix:{}", sock.display()))
-        .arg("--state-dir")
-        .arg(dir.path().join("state"))
-        .arg("--browser")
-        .arg(&root)
-        .env("RUST_LOG", "info,burrow_agent::browser=debug")
-        .spawn()
-        .expect("spawn burrow-agent");
-    let addr = format!("unix://{}", sock.display());
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let client = loop {
-        if sock.exists() {
-            if let Ok(c) = ttrpc::r#async::Client::connect(&addr).await {
-                break c;
-            }
-        }
-        assert!(Instant::now() < deadline, "agent did not come up");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    let c = AgentClient::new(client);
+    let browser = ["--browser".as_ref(), root.as_ref()];
+    let log = "info,burrow_agent::browser=debug";
+    let (mut child, c) = support::spawn_agent(dir.path(), &browser, log).await;
 
     let t0 = Instant::now();
     let mut nav = BrowserNavigateRequest::new();

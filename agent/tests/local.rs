@@ -3,11 +3,13 @@
 //! agent unshares namespaces and mounts container roots.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use burrow_protocol::agent::*;
 use burrow_protocol::ttrpc::{self, context};
 use burrow_protocol::AgentClient;
+
+mod support;
 
 struct TestAgent {
     child: std::process::Child,
@@ -18,31 +20,8 @@ struct TestAgent {
 impl TestAgent {
     async fn start() -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        let sock = dir.path().join("agent.sock");
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_burrow-agent"))
-            .arg("--listen")
-            .arg(format!("unix:{}", sock.display()))
-            .arg("--state-dir")
-            .arg(dir.path().join("state"))
-            .env("RUST_LOG", "warn")
-            .spawn()
-            .expect("spawn burrow-agent");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let addr = format!("unix://{}", sock.display());
-        let client = loop {
-            if sock.exists() {
-                if let Ok(c) = ttrpc::r#async::Client::connect(&addr).await {
-                    break c;
-                }
-            }
-            assert!(Instant::now() < deadline, "agent did not come up on {addr}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
-        TestAgent {
-            child,
-            dir,
-            client: AgentClient::new(client),
-        }
+        let (child, client) = support::spawn_agent(dir.path(), &[], "warn").await;
+        TestAgent { child, dir, client }
     }
 
     fn pid(&self) -> u32 {

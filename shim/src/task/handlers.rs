@@ -195,23 +195,25 @@ impl TaskService {
                 );
             }
         }
-        let container_id = id.to_string();
         if pause {
             self.sandbox().pause().await?;
-            self.lock().paused = true;
-            let event = TaskPaused {
-                container_id,
-                ..Default::default()
-            };
-            self.publish(event).await;
         } else {
             self.sandbox().resume().await?;
-            self.lock().paused = false;
-            let event = TaskResumed {
+        }
+        self.lock().paused = pause;
+        let container_id = id.to_string();
+        if pause {
+            self.publish(TaskPaused {
                 container_id,
                 ..Default::default()
-            };
-            self.publish(event).await;
+            })
+            .await;
+        } else {
+            self.publish(TaskResumed {
+                container_id,
+                ..Default::default()
+            })
+            .await;
         }
         Ok(api::Empty::default())
     }

@@ -14,11 +14,22 @@ use std::time::{Duration, Instant};
 
 use burrow_protocol::agent::*;
 use burrow_protocol::ttrpc::{self, context};
+use burrow_protocol::AgentClient;
 
 mod support;
 
 fn ctx() -> context::Context {
     context::with_duration(Duration::from_secs(300))
+}
+
+/// Fail unless the page's text contains `want`.
+async fn assert_page_shows(c: &AgentClient, want: &str) {
+    let text = c
+        .browser_text(ctx(), &BrowserTextRequest::new())
+        .await
+        .expect("text")
+        .text;
+    assert!(text.contains(want), "want {want:?} in {text:?}");
 }
 
 #[tokio::test]
@@ -57,30 +68,18 @@ async fn browser_in_test_mode() {
     let mut click = BrowserClickRequest::new();
     click.selector = "#b".into();
     c.browser_click(ctx(), &click).await.expect("click");
-    let text = c
-        .browser_text(ctx(), &BrowserTextRequest::new())
-        .await
-        .expect("text");
-    assert!(text.text.contains("after"), "{:?}", text.text);
+    assert_page_shows(&c, "after").await;
     // An alert must not hang the page: the agent accepts dialogs.
     click.selector = "#a".into();
     c.browser_click(ctx(), &click)
         .await
         .expect("click the alert button");
-    let text = c
-        .browser_text(ctx(), &BrowserTextRequest::new())
-        .await
-        .expect("text");
-    assert!(text.text.contains("alerted"), "{:?}", text.text);
+    assert_page_shows(&c, "alerted").await;
     let mut ty = BrowserTypeRequest::new();
     ty.selector = "#i".into();
     ty.text = "xyz".into();
     c.browser_type(ctx(), &ty).await.expect("type");
-    let text = c
-        .browser_text(ctx(), &BrowserTextRequest::new())
-        .await
-        .expect("text");
-    assert!(text.text.contains("typed xyz"), "{:?}", text.text);
+    assert_page_shows(&c, "typed xyz").await;
     click.selector = "#nothing".into();
     match c.browser_click(ctx(), &click).await {
         Err(ttrpc::Error::RpcStatus(s)) => assert_eq!(s.code(), ttrpc::Code::NOT_FOUND),

@@ -124,7 +124,7 @@ fn pixel(rgba: &[u8], width: u32, x: u32, y: u32) -> [u8; 3] {
 #[test]
 fn browser_renders_a_local_page_in_a_vm() {
     let image = burrow_tests::asset_from_env("BURROW_BROWSER_IMAGE", "rootfs/browser-image");
-    let dir = agent_vm::scratch_dir("agent-browser");
+    let dir = burrow_tests::scratch_dir("agent-browser");
     // The image is the only disk: /dev/vda in the guest. No `quiet`: the
     // kernel's messages are in the serial log shown when the test fails.
     let mut vm = agent_vm::boot(

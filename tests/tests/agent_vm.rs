@@ -127,7 +127,7 @@ async fn agent_peak_kib(c: &AgentClient) -> u64 {
 
 #[test]
 fn agent_in_a_vm_runs_a_busybox_container() {
-    let dir = agent_vm::scratch_dir("agent-vm");
+    let dir = burrow_tests::scratch_dir("agent-vm");
     let disk = make_disk(&dir);
     let mut vm = boot(&dir, &disk);
     let st = agent_vm::drive(&mut vm, BOOT_TIMEOUT, |c| async move {
@@ -247,7 +247,7 @@ fn agent_in_a_vm_runs_a_busybox_container() {
 /// /proc is, for the failure message. BURROW_TEST_REPEAT sets the count.
 #[test]
 fn ps_as_pid_1_lists_itself_in_every_container() {
-    let dir = agent_vm::scratch_dir("agent-vm-ps");
+    let dir = burrow_tests::scratch_dir("agent-vm-ps");
     let disk = make_disk(&dir);
     let mut vm = boot(&dir, &disk);
     let n: usize = std::env::var("BURROW_TEST_REPEAT").ok().and_then(|v| v.parse().ok()).unwrap_or(40);

@@ -11,6 +11,7 @@ use std::sync::Mutex as StdMutex;
 
 use nix::errno::Errno;
 use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
 use tokio::sync::{watch, Mutex};
 
 use crate::error::{AgentError, Result};
@@ -47,25 +48,15 @@ impl Stream {
             return Ok(None);
         };
         let mut buf = vec![0u8; max];
-        loop {
-            let mut guard = fd
-                .readable()
-                .await
-                .map_err(|e| AgentError::io("wait for output", e))?;
-            match guard.try_io(|inner| {
-                nix::unistd::read(inner.get_ref(), &mut buf).map_err(std::io::Error::from)
-            }) {
-                Ok(Ok(0)) => break,
-                Ok(Ok(n)) => {
-                    buf.truncate(n);
-                    return Ok(Some(buf));
-                }
-                // A PTY master answers EIO once the terminal's last user closed it.
-                Ok(Err(e)) if e.raw_os_error() == Some(libc::EIO) => break,
-                Ok(Err(e)) if e.raw_os_error() == Some(libc::EINTR) => {}
-                Ok(Err(e)) => return Err(AgentError::io("read output", e)),
-                Err(_would_block) => {}
+        match when_ready(fd, Interest::READABLE, |fd| nix::unistd::read(fd, &mut buf)).await {
+            Ok(0) => {}
+            Ok(n) => {
+                buf.truncate(n);
+                return Ok(Some(buf));
             }
+            // A PTY master answers EIO once the terminal's last user closed it.
+            Err(e) if e.raw_os_error() == Some(libc::EIO) => {}
+            Err(e) => return Err(AgentError::io("read output", e)),
         }
         *slot = None;
         Ok(None)
@@ -82,24 +73,12 @@ impl Stream {
         if data.is_empty() {
             return Ok(0);
         }
-        loop {
-            let mut guard = fd
-                .writable()
-                .await
-                .map_err(|e| AgentError::io("wait for stdin", e))?;
-            match guard.try_io(|inner| {
-                nix::unistd::write(inner.get_ref(), data).map_err(std::io::Error::from)
-            }) {
-                Ok(Ok(n)) => return Ok(n),
-                Ok(Err(e)) if e.raw_os_error() == Some(libc::EINTR) => {}
-                Ok(Err(e)) if e.raw_os_error() == Some(libc::EPIPE) => {
-                    return Err(AgentError::FailedPrecondition(
-                        "the process closed its stdin".into(),
-                    ))
-                }
-                Ok(Err(e)) => return Err(AgentError::io("write stdin", e)),
-                Err(_would_block) => {}
-            }
+        match when_ready(fd, Interest::WRITABLE, |fd| nix::unistd::write(fd, data)).await {
+            Ok(n) => Ok(n),
+            Err(e) if e.raw_os_error() == Some(libc::EPIPE) => Err(AgentError::FailedPrecondition(
+                "the process closed its stdin".into(),
+            )),
+            Err(e) => Err(AgentError::io("write stdin", e)),
         }
     }
 
@@ -107,6 +86,22 @@ impl Stream {
     pub async fn close(&self) {
         *self.fd.lock().await = None;
     }
+}
+
+/// Run `op` on `fd` once it is ready for `interest`, again while it would
+/// block or is interrupted.
+async fn when_ready<R>(
+    fd: &AsyncFd<OwnedFd>,
+    interest: Interest,
+    mut op: impl FnMut(&OwnedFd) -> nix::Result<R>,
+) -> std::io::Result<R> {
+    fd.async_io(interest, |inner| loop {
+        match op(inner) {
+            Err(Errno::EINTR) => {}
+            r => return r.map_err(std::io::Error::from),
+        }
+    })
+    .await
 }
 
 fn set_nonblocking(fd: &OwnedFd) -> Result<()> {

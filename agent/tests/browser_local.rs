@@ -16,8 +16,20 @@ use burrow_protocol::agent::*;
 use burrow_protocol::ttrpc::{self, context};
 use burrow_protocol::AgentClient;
 
+mod support;
+
 fn ctx() -> context::Context {
     context::with_duration(Duration::from_secs(300))
+}
+
+/// Fail unless the page's text contains `want`.
+async fn assert_page_shows(c: &AgentClient, want: &str) {
+    let text = c
+        .browser_text(ctx(), &BrowserTextRequest::new())
+        .await
+        .expect("text")
+        .text;
+    assert!(text.contains(want), "want {want:?} in {text:?}");
 }
 
 #[tokio::test]
@@ -34,29 +46,9 @@ async fn browser_in_test_mode() {
          oninput=\"o.textContent='typed '+this.value\"></body>",
     )
     .expect("write the page");
-    let sock = dir.path().join("agent.sock");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_burrow-agent"))
-        .arg("--listen")
-        .arg(format!("unix:{}", sock.display()))
-        .arg("--state-dir")
-        .arg(dir.path().join("state"))
-        .arg("--browser")
-        .arg(&root)
-        .env("RUST_LOG", "info,burrow_agent::browser=debug")
-        .spawn()
-        .expect("spawn burrow-agent");
-    let addr = format!("unix://{}", sock.display());
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let client = loop {
-        if sock.exists() {
-            if let Ok(c) = ttrpc::r#async::Client::connect(&addr).await {
-                break c;
-            }
-        }
-        assert!(Instant::now() < deadline, "agent did not come up");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    let c = AgentClient::new(client);
+    let browser = ["--browser".as_ref(), root.as_ref()];
+    let log = "info,burrow_agent::browser=debug";
+    let (mut child, c) = support::spawn_agent(dir.path(), &browser, log).await;
 
     let t0 = Instant::now();
     let mut nav = BrowserNavigateRequest::new();
@@ -76,30 +68,18 @@ async fn browser_in_test_mode() {
     let mut click = BrowserClickRequest::new();
     click.selector = "#b".into();
     c.browser_click(ctx(), &click).await.expect("click");
-    let text = c
-        .browser_text(ctx(), &BrowserTextRequest::new())
-        .await
-        .expect("text");
-    assert!(text.text.contains("after"), "{:?}", text.text);
+    assert_page_shows(&c, "after").await;
     // An alert must not hang the page: the agent accepts dialogs.
     click.selector = "#a".into();
     c.browser_click(ctx(), &click)
         .await
         .expect("click the alert button");
-    let text = c
-        .browser_text(ctx(), &BrowserTextRequest::new())
-        .await
-        .expect("text");
-    assert!(text.text.contains("alerted"), "{:?}", text.text);
+    assert_page_shows(&c, "alerted").await;
     let mut ty = BrowserTypeRequest::new();
     ty.selector = "#i".into();
     ty.text = "xyz".into();
     c.browser_type(ctx(), &ty).await.expect("type");
-    let text = c
-        .browser_text(ctx(), &BrowserTextRequest::new())
-        .await
-        .expect("text");
-    assert!(text.text.contains("typed xyz"), "{:?}", text.text);
+    assert_page_shows(&c, "typed xyz").await;
     click.selector = "#nothing".into();
     match c.browser_click(ctx(), &click).await {
         Err(ttrpc::Error::RpcStatus(s)) => assert_eq!(s.code(), ttrpc::Code::NOT_FOUND),

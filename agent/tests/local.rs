@@ -3,11 +3,13 @@
 //! agent unshares namespaces and mounts container roots.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use burrow_protocol::agent::*;
 use burrow_protocol::ttrpc::{self, context};
 use burrow_protocol::AgentClient;
+
+mod support;
 
 struct TestAgent {
     child: std::process::Child,
@@ -18,31 +20,8 @@ struct TestAgent {
 impl TestAgent {
     async fn start() -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        let sock = dir.path().join("agent.sock");
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_burrow-agent"))
-            .arg("--listen")
-            .arg(format!("unix:{}", sock.display()))
-            .arg("--state-dir")
-            .arg(dir.path().join("state"))
-            .env("RUST_LOG", "warn")
-            .spawn()
-            .expect("spawn burrow-agent");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let addr = format!("unix://{}", sock.display());
-        let client = loop {
-            if sock.exists() {
-                if let Ok(c) = ttrpc::r#async::Client::connect(&addr).await {
-                    break c;
-                }
-            }
-            assert!(Instant::now() < deadline, "agent did not come up on {addr}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
-        TestAgent {
-            child,
-            dir,
-            client: AgentClient::new(client),
-        }
+        let (child, client) = support::spawn_agent(dir.path(), &[], "warn").await;
+        TestAgent { child, dir, client }
     }
 
     fn pid(&self) -> u32 {
@@ -124,9 +103,7 @@ async fn read_all(a: &TestAgent, container: &str, id: &str, stderr: bool) -> Vec
 }
 
 async fn wait(a: &TestAgent, container: &str, id: &str) -> WaitProcessResponse {
-    let mut req = ProcessRequest::new();
-    req.container_id = container.into();
-    req.exec_id = id.into();
+    let req = preq(container, id);
     a.client.wait_process(ctx(), &req).await.expect("wait")
 }
 
@@ -184,12 +161,7 @@ async fn signals_end_a_process_and_are_reported() {
     // A finished process can be deleted; a second signal says it is gone.
     let (code, _) = code_of(a.client.signal_process(ctx(), &req).await);
     assert_eq!(code, ttrpc::Code::NOT_FOUND);
-    let mut del = ProcessRequest::new();
-    del.exec_id = "sleeper".into();
-    a.client
-        .delete_process(ctx(), &del)
-        .await
-        .expect("delete process");
+    a.client.delete_process(ctx(), &preq("", "sleeper")).await.expect("delete process");
 }
 
 #[tokio::test]
@@ -201,8 +173,7 @@ async fn stdin_round_trip_and_close() {
     w.data = b"hello agent\n".to_vec();
     let r = a.client.write_stdin(ctx(), &w).await.expect("write stdin");
     assert_eq!(r.written, 12);
-    let mut close = ProcessRequest::new();
-    close.exec_id = "cat".into();
+    let close = preq("", "cat");
     a.client
         .close_stdin(ctx(), &close)
         .await
@@ -432,6 +403,14 @@ fn creq(id: &str) -> ContainerRequest {
     r
 }
 
+/// The request naming process `exec_id` ("" for init) of `container`.
+fn preq(container: &str, exec_id: &str) -> ProcessRequest {
+    let mut r = ProcessRequest::new();
+    r.container_id = container.into();
+    r.exec_id = exec_id.into();
+    r
+}
+
 #[tokio::test]
 async fn container_runs_its_spec() {
     let a = TestAgent::start().await;
@@ -544,9 +523,7 @@ async fn exec_joins_a_running_container() {
         .expect("exec");
         out = String::from_utf8_lossy(&read_all(&a, "c2", "e1", false).await).into_owned();
         wait(&a, "c2", "e1").await;
-        let mut del = ProcessRequest::new();
-        del.container_id = "c2".into();
-        del.exec_id = "e1".into();
+        let del = preq("c2", "e1");
         a.client
             .delete_process(ctx(), &del)
             .await
@@ -570,13 +547,7 @@ async fn exec_joins_a_running_container() {
     let out = String::from_utf8_lossy(&read_all(&a, "c2", "tty", false).await).into_owned();
     assert_eq!(out.trim(), "/dev/pts/0", "{out:?}");
     assert_eq!(wait(&a, "c2", "tty").await.exit_code, 0);
-    let mut del = ProcessRequest::new();
-    del.container_id = "c2".into();
-    del.exec_id = "tty".into();
-    a.client
-        .delete_process(ctx(), &del)
-        .await
-        .expect("delete process");
+    a.client.delete_process(ctx(), &preq("c2", "tty")).await.expect("delete process");
     let list = a
         .client
         .list_processes(ctx(), &creq("c2"))
@@ -787,8 +758,7 @@ async fn malformed_requests_get_clear_errors_and_the_agent_keeps_serving() {
         .expect("exec");
     let (code, _) = code_of(exec(&a, "", "dup", &["true"], false).await);
     assert_eq!(code, ttrpc::Code::ALREADY_EXISTS);
-    let mut del = ProcessRequest::new();
-    del.exec_id = "dup".into();
+    let del = preq("", "dup");
     let (code, _) = code_of(a.client.delete_process(ctx(), &del).await);
     assert_eq!(code, ttrpc::Code::FAILED_PRECONDITION);
 

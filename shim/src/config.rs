@@ -230,21 +230,21 @@ mod tests {
 
     #[test]
     fn rejects_bad_files() {
+        // An unknown key.
         assert!(matches!(
             Config::parse("kernal = 1", "t"),
             Err(ConfigError::Parse { .. })
         ));
-        assert!(matches!(
-            Config::parse("[vcpus]\nmin = 0", "t"),
-            Err(ConfigError::Invalid { .. })
-        ));
-        assert!(matches!(
-            Config::parse("[vcpus]\nmin = 9", "t"),
-            Err(ConfigError::Invalid { .. })
-        ));
-        assert!(matches!(
-            Config::parse("[memory_mib]\nmin = 1", "t"),
-            Err(ConfigError::Invalid { .. })
-        ));
+        // Bounds out of range.
+        for text in [
+            "[vcpus]\nmin = 0",
+            "[vcpus]\nmin = 9",
+            "[memory_mib]\nmin = 1",
+        ] {
+            assert!(
+                matches!(Config::parse(text, "t"), Err(ConfigError::Invalid { .. })),
+                "{text:?}"
+            );
+        }
     }
 }

@@ -246,13 +246,7 @@ impl Sandbox for FakeSandbox {
         }
     }
 
-    async fn read_output(
-        &self,
-        id: &str,
-        exec_id: &str,
-        stream: Stream,
-        max: usize,
-    ) -> Result<Chunk> {
+    async fn read_output(&self, id: &str, exec_id: &str, stream: Stream) -> Result<Chunk> {
         loop {
             let notified = self.changed.notified();
             let c = self.with_proc(id, exec_id, "read", |p| {
@@ -260,7 +254,7 @@ impl Sandbox for FakeSandbox {
                     Stream::Stdout => &mut p.stdout,
                     Stream::Stderr => &mut p.stderr,
                 };
-                let n = buf.len().min(max);
+                let n = buf.len().min(OUTPUT_CHUNK);
                 let data: Vec<u8> = buf.drain(..n).collect();
                 let eof = data.is_empty() && p.exit.is_some();
                 Ok((!data.is_empty() || eof).then_some(Chunk { data, eof }))

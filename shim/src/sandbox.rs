@@ -66,6 +66,10 @@ pub enum Stream {
     Stderr,
 }
 
+/// The most bytes one [`Sandbox::read_output`] returns: what a stdio pump
+/// holds in memory at once.
+pub const OUTPUT_CHUNK: usize = 64 * 1024;
+
 /// One chunk read from a process's output.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Chunk {
@@ -205,14 +209,9 @@ pub trait Sandbox: Send + Sync + 'static {
     async fn signal(&self, id: &str, exec_id: &str, signal: u32, all: bool) -> Result<()>;
     /// Wait until a started process exits. Fails if the sandbox dies.
     async fn wait(&self, id: &str, exec_id: &str) -> Result<ExitStatus>;
-    /// Read the next chunk of a process's output (waits for data).
-    async fn read_output(
-        &self,
-        id: &str,
-        exec_id: &str,
-        stream: Stream,
-        max: usize,
-    ) -> Result<Chunk>;
+    /// Read the next chunk of a process's output, at most
+    /// [`OUTPUT_CHUNK`] bytes (waits for data).
+    async fn read_output(&self, id: &str, exec_id: &str, stream: Stream) -> Result<Chunk>;
     /// Write to a process's stdin; returns how much was accepted.
     async fn write_stdin(&self, id: &str, exec_id: &str, data: &[u8]) -> Result<usize>;
     /// Close a process's stdin.

@@ -70,59 +70,64 @@ pub fn read_spec(bundle: &Path) -> Result<Value, SpecError> {
 pub fn validate_spec(spec: &Value) -> Result<(), SpecError> {
     let obj = spec
         .as_object()
-        .ok_or_else(|| SpecError::Malformed("the spec is not a JSON object".into()))?;
-    if let Some(v) = obj.get("ociVersion") {
-        if !v.is_string() {
-            return Err(SpecError::Malformed("ociVersion is not a string".into()));
-        }
-    }
+        .ok_or_else(|| malformed("the spec is not a JSON object"))?;
+    require(
+        obj.get("ociVersion").is_none_or(Value::is_string),
+        "ociVersion is not a string",
+    )?;
     let process = obj
         .get("process")
-        .ok_or_else(|| SpecError::Malformed("no \"process\"".into()))?;
+        .ok_or_else(|| malformed("no \"process\""))?;
     validate_process(process)?;
-    if let Some(a) = obj.get("annotations") {
-        let ok = a
-            .as_object()
-            .is_some_and(|m| m.values().all(Value::is_string));
-        if !ok {
-            return Err(SpecError::Malformed(
-                "annotations must map strings to strings".into(),
-            ));
-        }
-    }
-    Ok(())
+    require(
+        obj.get("annotations").is_none_or(is_string_map),
+        "annotations must map strings to strings",
+    )
 }
 
 /// Check an OCI `process` object.
 pub fn validate_process(process: &Value) -> Result<(), SpecError> {
     let p = process
         .as_object()
-        .ok_or_else(|| SpecError::Malformed("\"process\" is not an object".into()))?;
+        .ok_or_else(|| malformed("\"process\" is not an object"))?;
     let args = p
         .get("args")
         .and_then(Value::as_array)
-        .ok_or_else(|| SpecError::Malformed("process.args is missing or not a list".into()))?;
-    if args.is_empty() || !args.iter().all(Value::is_string) {
-        return Err(SpecError::Malformed(
-            "process.args must be a non-empty list of strings".into(),
-        ));
+        .ok_or_else(|| malformed("process.args is missing or not a list"))?;
+    require(
+        !args.is_empty() && args.iter().all(Value::is_string),
+        "process.args must be a non-empty list of strings",
+    )?;
+    require(
+        p.get("env").is_none_or(is_string_list),
+        "process.env must be a list of strings",
+    )?;
+    require(
+        p.get("cwd").is_none_or(Value::is_string),
+        "process.cwd must be a string",
+    )
+}
+
+fn malformed(msg: &str) -> SpecError {
+    SpecError::Malformed(msg.into())
+}
+
+/// `Ok` if `ok`, else the spec is malformed: `msg`.
+fn require(ok: bool, msg: &str) -> Result<(), SpecError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(malformed(msg))
     }
-    if let Some(env) = p.get("env") {
-        let ok = env
-            .as_array()
-            .is_some_and(|e| e.iter().all(Value::is_string));
-        if !ok {
-            return Err(SpecError::Malformed(
-                "process.env must be a list of strings".into(),
-            ));
-        }
-    }
-    if let Some(cwd) = p.get("cwd") {
-        if !cwd.is_string() {
-            return Err(SpecError::Malformed("process.cwd must be a string".into()));
-        }
-    }
-    Ok(())
+}
+
+fn is_string_map(v: &Value) -> bool {
+    v.as_object()
+        .is_some_and(|m| m.values().all(Value::is_string))
+}
+
+fn is_string_list(v: &Value) -> bool {
+    v.as_array().is_some_and(|l| l.iter().all(Value::is_string))
 }
 
 /// An annotation of the spec.

@@ -10,10 +10,11 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 
-use crate::sandbox::{Sandbox, SandboxError, Stream};
+use crate::sandbox::{Sandbox, SandboxError, Stream, OUTPUT_CHUNK};
 
-/// Largest chunk a pump moves at once.
-pub const CHUNK: usize = 64 * 1024;
+/// Largest chunk a pump moves at once (the most a sandbox's
+/// `read_output` returns).
+pub const CHUNK: usize = OUTPUT_CHUNK;
 
 /// The stdio containerd asked for (paths of FIFOs or `file://` URIs;
 /// empty = none).
@@ -96,7 +97,7 @@ pub async fn pump_output(
         }
     };
     loop {
-        let chunk = match sandbox.read_output(&id, &exec_id, stream, CHUNK).await {
+        let chunk = match sandbox.read_output(&id, &exec_id, stream).await {
             Ok(c) => c,
             Err(e) => {
                 tracing::debug!("{id}/{exec_id} {stream:?} ends: {e}");

@@ -63,26 +63,52 @@ pub fn asset_from_env(var: &str, built_by: &str) -> std::path::PathBuf {
     path
 }
 
+/// A child process (a burrow-vmm) that is killed and reaped when dropped,
+/// so a failing test leaves no VM behind.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl std::ops::Deref for KillOnDrop {
+    type Target = std::process::Child;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for KillOnDrop {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+/// A fresh, empty scratch directory `<tmp>/burrow-<name>-<pid>` for one
+/// test's VM (its sockets, logs and disks).
+pub fn scratch_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("burrow-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create the test's scratch directory");
+    dir
+}
+
 /// Booting burrow-agent as PID 1 in a real VM (burrow-vmm with the guest
 /// kernel and the agent initramfs) and talking to it over hybrid vsock.
 pub mod agent_vm {
     use std::io::{Read, Write};
     use std::os::unix::net::UnixStream;
     use std::path::{Path, PathBuf};
-    use std::process::{Child, Command, ExitStatus, Stdio};
+    use std::process::{Command, ExitStatus, Stdio};
     use std::time::{Duration, Instant};
 
     /// A running burrow-vmm; killed when dropped.
     pub struct Vm {
-        pub child: Child,
+        pub child: crate::KillOnDrop,
         pub dir: PathBuf,
-    }
-
-    impl Drop for Vm {
-        fn drop(&mut self) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
     }
 
     /// A virtio-blk disk: image path and whether the guest sees it
@@ -158,7 +184,7 @@ pub mod agent_vm {
             .spawn()
             .expect("burrow-vmm starts");
         Vm {
-            child,
+            child: crate::KillOnDrop(child),
             dir: dir.to_path_buf(),
         }
     }
@@ -209,5 +235,31 @@ pub mod agent_vm {
         let stream = tokio::net::UnixStream::from_std(stream).expect("tokio stream");
         let socket = burrow_protocol::ttrpc::r#async::transport::Socket::new(stream);
         burrow_protocol::AgentClient::new(burrow_protocol::ttrpc::r#async::Client::new(socket))
+    }
+
+    /// Run `test` against `vm`'s agent (once it answers, within
+    /// `boot_timeout`) on a tokio runtime. If `test` panics, the VM's serial
+    /// console and VMM stderr are printed before the panic goes on. Then
+    /// wait up to 2 minutes for the VM to exit (`test` powers it off) and
+    /// return how it exited.
+    pub fn drive<F, Fut>(vm: &mut Vm, boot_timeout: Duration, test: F) -> ExitStatus
+    where
+        F: FnOnce(burrow_protocol::AgentClient) -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        let stream = connect(vm, boot_timeout);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("tokio runtime");
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            rt.block_on(async { test(client(stream)).await })
+        }));
+        if let Err(panic) = outcome {
+            eprintln!("{}", vm.diagnostics());
+            std::panic::resume_unwind(panic);
+        }
+        vm.wait_exit(Duration::from_secs(120))
     }
 }

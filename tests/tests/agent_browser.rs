@@ -7,7 +7,6 @@
 
 #![allow(clippy::unwrap_used)] // test code
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use burrow_protocol::agent::*;
@@ -125,10 +124,7 @@ fn pixel(rgba: &[u8], width: u32, x: u32, y: u32) -> [u8; 3] {
 #[test]
 fn browser_renders_a_local_page_in_a_vm() {
     let image = burrow_tests::asset_from_env("BURROW_BROWSER_IMAGE", "rootfs/browser-image");
-    let dir: PathBuf =
-        std::env::temp_dir().join(format!("burrow-agent-browser-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = burrow_tests::scratch_dir("agent-browser");
     // The image is the only disk: /dev/vda in the guest. No `quiet`: the
     // kernel's messages are in the serial log shown when the test fails.
     let mut vm = agent_vm::boot(
@@ -140,148 +136,134 @@ fn browser_renders_a_local_page_in_a_vm() {
         }],
         "burrow.browser=/dev/vda RUST_LOG=info,burrow_agent::browser=debug",
     );
-    let stream = agent_vm::connect(&mut vm, BOOT_TIMEOUT);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        rt.block_on(async {
-            let c = agent_vm::client(stream);
-            let h = c.health(ctx(), &HealthRequest::new()).await.unwrap();
-            assert!(h.pid1, "agent is not PID 1");
+    let st = agent_vm::drive(&mut vm, BOOT_TIMEOUT, |c| async move {
+        let h = c.health(ctx(), &HealthRequest::new()).await.unwrap();
+        assert!(h.pid1, "agent is not PID 1");
 
-            // The page, written into the guest with the file API; Chromium
-            // sees the guest's files under /guest.
-            let mut w = WriteFileRequest::new();
-            w.path = "/tmp/www/page.html".into();
-            w.data = PAGE.as_bytes().to_vec();
-            w.make_parents = true;
-            c.write_file(ctx(), &w).await.unwrap();
+        // The page, written into the guest with the file API; Chromium
+        // sees the guest's files under /guest.
+        let mut w = WriteFileRequest::new();
+        w.path = "/tmp/www/page.html".into();
+        w.data = PAGE.as_bytes().to_vec();
+        w.make_parents = true;
+        c.write_file(ctx(), &w).await.unwrap();
 
-            let t0 = Instant::now();
-            let mut nav = BrowserNavigateRequest::new();
-            nav.url = "file:///guest/tmp/www/page.html".into();
-            nav.timeout_ms = 300_000;
-            let r = c.browser_navigate(ctx(), &nav).await.unwrap();
-            eprintln!("first navigate (starts chromium): {:?}", t0.elapsed());
-            assert_eq!(r.title, "burrow browser test");
-            assert_eq!(r.url, "file:///guest/tmp/www/page.html");
+        let t0 = Instant::now();
+        let mut nav = BrowserNavigateRequest::new();
+        nav.url = "file:///guest/tmp/www/page.html".into();
+        nav.timeout_ms = 300_000;
+        let r = c.browser_navigate(ctx(), &nav).await.unwrap();
+        eprintln!("first navigate (starts chromium): {:?}", t0.elapsed());
+        assert_eq!(r.title, "burrow browser test");
+        assert_eq!(r.url, "file:///guest/tmp/www/page.html");
 
-            let t = text(&c, 0).await;
-            assert!(t.text.contains("Hello from the guest"), "{:?}", t.text);
-            assert!(t.text.contains("not clicked"), "{:?}", t.text);
-            assert!(!t.truncated);
-            let short = text(&c, 5).await;
-            assert_eq!(short.text, "Hello");
-            assert!(short.truncated);
+        let t = text(&c, 0).await;
+        assert!(t.text.contains("Hello from the guest"), "{:?}", t.text);
+        assert!(t.text.contains("not clicked"), "{:?}", t.text);
+        assert!(!t.truncated);
+        let short = text(&c, 5).await;
+        assert_eq!(short.text, "Hello");
+        assert!(short.truncated);
 
-            // A screenshot of the asked size with the red box where the page
-            // puts it, on a white page.
-            let t0 = Instant::now();
-            let mut shot = BrowserScreenshotRequest::new();
-            shot.width = 800;
-            shot.height = 600;
-            let s = c.browser_screenshot(ctx(), &shot).await.unwrap();
-            eprintln!("screenshot: {} bytes in {:?}", s.png.len(), t0.elapsed());
-            assert_eq!((s.width, s.height), (800, 600));
-            let (w, h, rgba) = decode_png(&s.png);
-            assert_eq!((w, h), (800, 600));
-            let mut colours = std::collections::HashSet::new();
-            for px in rgba.chunks(4) {
-                colours.insert([px[0], px[1], px[2]]);
+        // A screenshot of the asked size with the red box where the page
+        // puts it, on a white page.
+        let t0 = Instant::now();
+        let mut shot = BrowserScreenshotRequest::new();
+        shot.width = 800;
+        shot.height = 600;
+        let s = c.browser_screenshot(ctx(), &shot).await.unwrap();
+        eprintln!("screenshot: {} bytes in {:?}", s.png.len(), t0.elapsed());
+        assert_eq!((s.width, s.height), (800, 600));
+        let (w, h, rgba) = decode_png(&s.png);
+        assert_eq!((w, h), (800, 600));
+        let mut colours = std::collections::HashSet::new();
+        for px in rgba.chunks(4) {
+            colours.insert([px[0], px[1], px[2]]);
+        }
+        assert!(
+            colours.len() > 1,
+            "the screenshot is one colour: {colours:?}"
+        );
+        let red = pixel(&rgba, w, 140, 250);
+        assert!(
+            red[0] > 180 && red[1] < 100 && red[2] < 100,
+            "box pixel is {red:?}, want red"
+        );
+        let white = pixel(&rgba, w, 700, 550);
+        assert!(
+            white.iter().all(|&v| v > 240),
+            "background pixel is {white:?}, want white"
+        );
+
+        // Click and type by CSS selector.
+        let mut click = BrowserClickRequest::new();
+        click.selector = "#btn".into();
+        c.browser_click(ctx(), &click).await.unwrap();
+        let t = text(&c, 0).await;
+        assert!(t.text.contains("button clicked"), "{:?}", t.text);
+        // A JavaScript dialog does not hang the page: the agent accepts it.
+        click.selector = "#alert".into();
+        c.browser_click(ctx(), &click).await.unwrap();
+        let t = text(&c, 0).await;
+        assert!(t.text.contains("alert answered"), "{:?}", t.text);
+        let mut ty = BrowserTypeRequest::new();
+        ty.selector = "input#name".into();
+        ty.text = "burrow".into();
+        c.browser_type(ctx(), &ty).await.unwrap();
+        let t = text(&c, 0).await;
+        assert!(t.text.contains("typed: burrow"), "{:?}", t.text);
+
+        // Clear errors, and the session survives them.
+        click.selector = "#no-such-element".into();
+        assert_eq!(
+            code_of(c.browser_click(ctx(), &click).await),
+            ttrpc::Code::NOT_FOUND
+        );
+        click.selector = "##".into();
+        assert_eq!(
+            code_of(c.browser_click(ctx(), &click).await),
+            ttrpc::Code::INVALID_ARGUMENT
+        );
+        nav.url = "file:///guest/tmp/www/missing.html".into();
+        assert_eq!(
+            code_of(c.browser_navigate(ctx(), &nav).await),
+            ttrpc::Code::FAILED_PRECONDITION
+        );
+        nav.url = "data:text/html,<title>second</title><p>still here</p>".into();
+        let r = c.browser_navigate(ctx(), &nav).await.unwrap();
+        assert_eq!(r.title, "second");
+        assert!(text(&c, 0).await.text.contains("still here"));
+
+        // Chromium runs with its sandbox: renderers have a seccomp filter.
+        let procs = chromium_processes(&c).await;
+        assert!(
+            procs.iter().any(|p| p.1),
+            "no chromium process under seccomp: {procs:?}"
+        );
+
+        // Close stops every Chromium process and unmounts the image.
+        c.browser_close(ctx(), &BrowserCloseRequest::new())
+            .await
+            .unwrap();
+        let mounts = read_guest_file(&c, "/proc/mounts").await;
+        assert!(
+            !mounts.contains("/run/burrow/browser"),
+            "still mounted after close:\n{mounts}"
+        );
+        let t0 = Instant::now();
+        loop {
+            let left = chromium_processes(&c).await;
+            if left.is_empty() {
+                break;
             }
             assert!(
-                colours.len() > 1,
-                "the screenshot is one colour: {colours:?}"
+                t0.elapsed() < Duration::from_secs(60),
+                "left after close: {left:?}"
             );
-            let red = pixel(&rgba, w, 140, 250);
-            assert!(
-                red[0] > 180 && red[1] < 100 && red[2] < 100,
-                "box pixel is {red:?}, want red"
-            );
-            let white = pixel(&rgba, w, 700, 550);
-            assert!(
-                white.iter().all(|&v| v > 240),
-                "background pixel is {white:?}, want white"
-            );
-
-            // Click and type by CSS selector.
-            let mut click = BrowserClickRequest::new();
-            click.selector = "#btn".into();
-            c.browser_click(ctx(), &click).await.unwrap();
-            let t = text(&c, 0).await;
-            assert!(t.text.contains("button clicked"), "{:?}", t.text);
-            // A JavaScript dialog does not hang the page: the agent accepts it.
-            click.selector = "#alert".into();
-            c.browser_click(ctx(), &click).await.unwrap();
-            let t = text(&c, 0).await;
-            assert!(t.text.contains("alert answered"), "{:?}", t.text);
-            let mut ty = BrowserTypeRequest::new();
-            ty.selector = "input#name".into();
-            ty.text = "burrow".into();
-            c.browser_type(ctx(), &ty).await.unwrap();
-            let t = text(&c, 0).await;
-            assert!(t.text.contains("typed: burrow"), "{:?}", t.text);
-
-            // Clear errors, and the session survives them.
-            click.selector = "#no-such-element".into();
-            assert_eq!(
-                code_of(c.browser_click(ctx(), &click).await),
-                ttrpc::Code::NOT_FOUND
-            );
-            click.selector = "##".into();
-            assert_eq!(
-                code_of(c.browser_click(ctx(), &click).await),
-                ttrpc::Code::INVALID_ARGUMENT
-            );
-            nav.url = "file:///guest/tmp/www/missing.html".into();
-            assert_eq!(
-                code_of(c.browser_navigate(ctx(), &nav).await),
-                ttrpc::Code::FAILED_PRECONDITION
-            );
-            nav.url = "data:text/html,<title>second</title><p>still here</p>".into();
-            let r = c.browser_navigate(ctx(), &nav).await.unwrap();
-            assert_eq!(r.title, "second");
-            assert!(text(&c, 0).await.text.contains("still here"));
-
-            // Chromium runs with its sandbox: renderers have a seccomp filter.
-            let procs = chromium_processes(&c).await;
-            assert!(
-                procs.iter().any(|p| p.1),
-                "no chromium process under seccomp: {procs:?}"
-            );
-
-            // Close stops every Chromium process and unmounts the image.
-            c.browser_close(ctx(), &BrowserCloseRequest::new())
-                .await
-                .unwrap();
-            let mounts = read_guest_file(&c, "/proc/mounts").await;
-            assert!(
-                !mounts.contains("/run/burrow/browser"),
-                "still mounted after close:\n{mounts}"
-            );
-            let t0 = Instant::now();
-            loop {
-                let left = chromium_processes(&c).await;
-                if left.is_empty() {
-                    break;
-                }
-                assert!(
-                    t0.elapsed() < Duration::from_secs(60),
-                    "left after close: {left:?}"
-                );
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-            c.power_off(ctx(), &PowerOffRequest::new()).await.unwrap();
-        })
-    }));
-    if let Err(panic) = outcome {
-        eprintln!("{}", vm.diagnostics());
-        std::panic::resume_unwind(panic);
-    }
-    let st = vm.wait_exit(Duration::from_secs(120));
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        c.power_off(ctx(), &PowerOffRequest::new()).await.unwrap();
+    });
     assert_eq!(st.code(), Some(0), "{}", vm.diagnostics());
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -53,6 +53,23 @@ fn ctx() -> context::Context {
     context::with_duration(Duration::from_secs(300))
 }
 
+/// Create and start container `id` from `spec` with the busybox disk
+/// (/dev/vda) as its root; returns the request naming it, for Delete.
+async fn run_container(c: &AgentClient, id: &str, spec: &serde_json::Value) -> ContainerRequest {
+    let mut req = CreateContainerRequest::new();
+    req.container_id = id.into();
+    req.oci_spec = serde_json::to_vec(spec).unwrap();
+    let mut rootfs = Rootfs::new();
+    rootfs.source = "/dev/vda".into();
+    rootfs.fstype = "ext4".into();
+    req.rootfs = Some(rootfs).into();
+    c.create_container(ctx(), &req).await.unwrap();
+    let mut start = ContainerRequest::new();
+    start.container_id = id.into();
+    c.start_container(ctx(), &start).await.unwrap();
+    start
+}
+
 fn process_json(args: &[&str]) -> Vec<u8> {
     serde_json::to_vec(&serde_json::json!({
         "args": args, "env": ["PATH=/bin:/usr/bin"], "cwd": "/", "user": {"uid": 0, "gid": 0},
@@ -110,16 +127,10 @@ async fn agent_peak_kib(c: &AgentClient) -> u64 {
 
 #[test]
 fn agent_in_a_vm_runs_a_busybox_container() {
-    let dir = std::env::temp_dir().join(format!("burrow-agent-vm-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = burrow_tests::scratch_dir("agent-vm");
     let disk = make_disk(&dir);
     let mut vm = boot(&dir, &disk);
-    let stream = agent_vm::connect(&mut vm, BOOT_TIMEOUT);
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rt.block_on(async {
-        let c = agent_vm::client(stream);
-
+    let st = agent_vm::drive(&mut vm, BOOT_TIMEOUT, |c| async move {
         let h = c.health(ctx(), &HealthRequest::new()).await.unwrap();
         assert!(h.pid1, "agent is not PID 1");
         let mut t = SetTimeRequest::new();
@@ -137,17 +148,7 @@ fn agent_in_a_vm_runs_a_busybox_container() {
             "root": {"path": "rootfs"},
             "hostname": "bb",
         });
-        let mut req = CreateContainerRequest::new();
-        req.container_id = "bb".into();
-        req.oci_spec = serde_json::to_vec(&spec).unwrap();
-        let mut rootfs = Rootfs::new();
-        rootfs.source = "/dev/vda".into();
-        rootfs.fstype = "ext4".into();
-        req.rootfs = Some(rootfs).into();
-        c.create_container(ctx(), &req).await.unwrap();
-        let mut start = ContainerRequest::new();
-        start.container_id = "bb".into();
-        c.start_container(ctx(), &start).await.unwrap();
+        let start = run_container(&c, "bb", &spec).await;
         let mut seen = Vec::new();
         while !String::from_utf8_lossy(&seen).contains("\nbb\n") {
             let mut r = ReadStreamRequest::new();
@@ -234,12 +235,7 @@ fn agent_in_a_vm_runs_a_busybox_container() {
 
         c.delete_container(ctx(), &start).await.unwrap();
         c.power_off(ctx(), &PowerOffRequest::new()).await.unwrap();
-    })));
-    if let Err(panic) = outcome {
-        eprintln!("{}", vm.diagnostics());
-        std::panic::resume_unwind(panic);
-    }
-    let st = vm.wait_exit(Duration::from_secs(120));
+    });
     assert_eq!(st.code(), Some(0), "{}", vm.diagnostics());
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -251,16 +247,11 @@ fn agent_in_a_vm_runs_a_busybox_container() {
 /// /proc is, for the failure message. BURROW_TEST_REPEAT sets the count.
 #[test]
 fn ps_as_pid_1_lists_itself_in_every_container() {
-    let dir = std::env::temp_dir().join(format!("burrow-agent-vm-ps-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = burrow_tests::scratch_dir("agent-vm-ps");
     let disk = make_disk(&dir);
     let mut vm = boot(&dir, &disk);
-    let stream = agent_vm::connect(&mut vm, BOOT_TIMEOUT);
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let n: usize = std::env::var("BURROW_TEST_REPEAT").ok().and_then(|v| v.parse().ok()).unwrap_or(40);
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rt.block_on(async {
-        let c = agent_vm::client(stream);
+    let _ = agent_vm::drive(&mut vm, BOOT_TIMEOUT, |c| async move {
         let mut bad = Vec::new();
         let started = std::time::Instant::now();
         for i in 0..n {
@@ -297,17 +288,7 @@ fn ps_as_pid_1_lists_itself_in_every_container() {
                 }
             });
             let id = format!("s{i}");
-            let mut req = CreateContainerRequest::new();
-            req.container_id = id.clone();
-            req.oci_spec = serde_json::to_vec(&spec).unwrap();
-            let mut rootfs = Rootfs::new();
-            rootfs.source = "/dev/vda".into();
-            rootfs.fstype = "ext4".into();
-            req.rootfs = Some(rootfs).into();
-            c.create_container(ctx(), &req).await.unwrap();
-            let mut start = ContainerRequest::new();
-            start.container_id = id.clone();
-            c.start_container(ctx(), &start).await.unwrap();
+            let start = run_container(&c, &id, &spec).await;
             let out = String::from_utf8_lossy(&read_all(&c, &id, "").await).into_owned();
             let w = wait(&c, &id, "").await;
             let ok = out.contains("visible:\nPID   COMMAND\n    1 ") && w.exit_code == 0;
@@ -319,11 +300,6 @@ fn ps_as_pid_1_lists_itself_in_every_container() {
         eprintln!("{n} containers in {:?}", started.elapsed());
         c.power_off(ctx(), &PowerOffRequest::new()).await.unwrap();
         assert!(bad.is_empty(), "{} of {n} listings lost ps's own row:\n{}", bad.len(), bad.join("\n"));
-    })));
-    if let Err(panic) = outcome {
-        eprintln!("{}", vm.diagnostics());
-        std::panic::resume_unwind(panic);
-    }
-    let _ = vm.wait_exit(Duration::from_secs(120));
+    });
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -7,9 +7,11 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+use burrow_tests::KillOnDrop;
 
 /// Guest code runs 10-20x slower in the nested test host.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(400);
@@ -17,30 +19,16 @@ const BOOT_TIMEOUT: Duration = Duration::from_secs(400);
 static ONE_VM: Mutex<()> = Mutex::new(());
 
 struct Vm {
-    child: Child,
+    child: KillOnDrop,
     dir: PathBuf,
     serial: PathBuf,
-}
-
-impl Drop for Vm {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("burrow-vmm-linux-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 
 fn start(name: &str, test: &str, extra: &[&str]) -> Vm {
     burrow_tests::require_hardware_kvm();
     let kernel = burrow_tests::asset_from_env("BURROW_GUEST_KERNEL", "guest-kernel/build");
     let initrd = burrow_tests::asset_from_env("BURROW_VMM_TEST_INITRD", "vmm/tests/initramfs/build");
-    let dir = tmpdir(name);
+    let dir = burrow_tests::scratch_dir(&format!("vmm-linux-{name}"));
     let serial = dir.join("serial.log");
     let child = Command::new(burrow_tests::workspace_bin("burrow-vmm"))
         .arg("run")
@@ -56,7 +44,7 @@ fn start(name: &str, test: &str, extra: &[&str]) -> Vm {
         .stderr(std::fs::File::create(dir.join("stderr")).unwrap())
         .spawn()
         .expect("burrow-vmm starts");
-    Vm { child, dir, serial }
+    Vm { child: KillOnDrop(child), dir, serial }
 }
 
 impl Vm {
@@ -116,7 +104,7 @@ fn reboot_exits_0() {
 #[test]
 fn block_write_read_back_and_read_only() {
     let _one = ONE_VM.lock().unwrap_or_else(|p| p.into_inner());
-    let dir = tmpdir("disks");
+    let dir = burrow_tests::scratch_dir("vmm-linux-disks");
     let rw = dir.join("rw.img");
     std::fs::File::create(&rw).unwrap().set_len(16 << 20).unwrap();
     let ro = dir.join("ro.img");
@@ -147,7 +135,7 @@ fn read_line(s: &mut BufReader<UnixStream>) -> String {
 #[test]
 fn vsock_round_trips_both_ways_and_api_stop() {
     let _one = ONE_VM.lock().unwrap_or_else(|p| p.into_inner());
-    let dir = tmpdir("vsock-sockets");
+    let dir = burrow_tests::scratch_dir("vmm-linux-vsock-sockets");
     let uds = dir.join("v.sock");
     let api = dir.join("api.sock");
     // Guest-initiated connections to port 5000 land here.

@@ -14,33 +14,21 @@
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+use burrow_tests::KillOnDrop;
 
 /// Guest code runs 10-20x slower in the nested test host.
 const TIMEOUT: Duration = Duration::from_secs(400);
 const MARK: &str = "BURROW-VMM-TEST: count ";
 
 struct Vm {
-    child: Child,
+    child: KillOnDrop,
     name: String,
     serial: PathBuf,
     stderr: PathBuf,
     api: PathBuf,
-}
-
-impl Drop for Vm {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn tmpdir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("burrow-vmm-snapshot-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 
 fn spawn(dir: &Path, name: &str, args: &[&str]) -> Vm {
@@ -58,7 +46,7 @@ fn spawn(dir: &Path, name: &str, args: &[&str]) -> Vm {
         .stderr(std::fs::File::create(&stderr).unwrap())
         .spawn()
         .expect("burrow-vmm starts");
-    Vm { child, name: name.into(), serial, stderr, api }
+    Vm { child: KillOnDrop(child), name: name.into(), serial, stderr, api }
 }
 
 impl Vm {
@@ -157,7 +145,7 @@ fn running_guest_continues_after_restore_three_times() {
     burrow_tests::require_hardware_kvm();
     let kernel = burrow_tests::asset_from_env("BURROW_GUEST_KERNEL", "guest-kernel/build");
     let initrd = burrow_tests::asset_from_env("BURROW_VMM_TEST_INITRD", "vmm/tests/initramfs/build");
-    let dir = tmpdir();
+    let dir = burrow_tests::scratch_dir("vmm-snapshot");
     let snap = dir.join("snap");
     let inc = dir.join("inc");
     let mut mid = String::new();

@@ -15,15 +15,7 @@ const MAX_ENV: usize = 4096;
 
 /// Parse an OCI runtime spec (JSON) with a size cap.
 pub fn parse_spec(json: &[u8]) -> Result<Spec> {
-    if json.len() > burrow_protocol::MAX_SPEC_BYTES {
-        return Err(invalid(format!(
-            "OCI spec is {} bytes, more than the {} allowed",
-            json.len(),
-            burrow_protocol::MAX_SPEC_BYTES
-        )));
-    }
-    let spec: Spec =
-        serde_json::from_slice(json).map_err(|e| invalid(format!("bad OCI spec: {e}")))?;
+    let spec: Spec = parse_capped(json, "OCI spec")?;
     let process = spec
         .process()
         .as_ref()
@@ -34,17 +26,22 @@ pub fn parse_spec(json: &[u8]) -> Result<Spec> {
 
 /// Parse an OCI `process` object (JSON) with a size cap.
 pub fn parse_process(json: &[u8]) -> Result<OciProcess> {
+    let p: OciProcess = parse_capped(json, "OCI process")?;
+    check_process(&p)?;
+    Ok(p)
+}
+
+/// Parse `json`, the `what` of a request, refusing more than
+/// [`burrow_protocol::MAX_SPEC_BYTES`] before parsing anything.
+fn parse_capped<T: serde::de::DeserializeOwned>(json: &[u8], what: &str) -> Result<T> {
     if json.len() > burrow_protocol::MAX_SPEC_BYTES {
         return Err(invalid(format!(
-            "OCI process is {} bytes, more than the {} allowed",
+            "{what} is {} bytes, more than the {} allowed",
             json.len(),
             burrow_protocol::MAX_SPEC_BYTES
         )));
     }
-    let p: OciProcess =
-        serde_json::from_slice(json).map_err(|e| invalid(format!("bad OCI process: {e}")))?;
-    check_process(&p)?;
-    Ok(p)
+    serde_json::from_slice(json).map_err(|e| invalid(format!("bad {what}: {e}")))
 }
 
 fn check_process(p: &OciProcess) -> Result<()> {

@@ -16,31 +16,83 @@ use containerd_shim::protos::protobuf::MessageField;
 use containerd_shim::protos::shim::oci::ProcessDetails;
 use containerd_shim::protos::shim_async::Task;
 use containerd_shim::protos::ttrpc::r#async::TtrpcContext;
-use containerd_shim::protos::ttrpc::Code;
+use containerd_shim::protos::ttrpc::{self, Code};
 use containerd_shim::protos::types::task::ProcessInfo;
 use containerd_shim::TtrpcResult;
 
 use super::state::{Container, Exited, ProcState, Process};
 use super::{
-    checkpoint_options, not_found, now, status, to_any, validate_id, TaskService, MAX_PROCESS_SPEC,
+    checkpoint_options, fail, now, status, to_any, validate_id, TaskService, MAX_PROCESS_SPEC,
 };
-use crate::events::send;
 use crate::sandbox::{AfterCheckpoint, ContainerConfig, ExecConfig, RootfsMount};
 use crate::spec;
 use crate::stdio::{self, StdioPaths};
+
+/// The stdio paths a Create or Exec names, checked.
+fn checked_stdio(
+    stdin: &str,
+    stdout: &str,
+    stderr: &str,
+    terminal: bool,
+) -> TtrpcResult<StdioPaths> {
+    let paths = StdioPaths {
+        stdin: stdin.to_string(),
+        stdout: stdout.to_string(),
+        stderr: stderr.to_string(),
+        terminal,
+    };
+    stdio::validate(&paths).map_err(|e| status(Code::INVALID_ARGUMENT, e.to_string()))?;
+    Ok(paths)
+}
+
+/// The error for process `exec_id` of container `id`: "process id/exec_id
+/// `what`".
+fn process_error(code: Code, id: &str, exec_id: &str, what: &str) -> ttrpc::Error {
+    status(code, format!("process {id}/{exec_id} {what}"))
+}
+
+fn container_exists<T>(id: &str) -> TtrpcResult<T> {
+    fail(
+        Code::ALREADY_EXISTS,
+        format!("container {id} already exists"),
+    )
+}
+
+/// The process spec of an Exec (bounded, valid JSON, a valid OCI
+/// process), with the request's terminal flag set in it.
+fn exec_process_spec(req: &api::ExecProcessRequest) -> TtrpcResult<serde_json::Value> {
+    let value = req
+        .spec
+        .as_ref()
+        .map(|a| a.value.as_slice())
+        .unwrap_or_default();
+    if value.len() > MAX_PROCESS_SPEC {
+        return fail(
+            Code::INVALID_ARGUMENT,
+            format!(
+                "process spec of {} bytes exceeds {MAX_PROCESS_SPEC}",
+                value.len()
+            ),
+        );
+    }
+    let invalid = |e: &dyn std::fmt::Display| {
+        status(Code::INVALID_ARGUMENT, format!("exec {}: {e}", req.exec_id))
+    };
+    let mut process: serde_json::Value = serde_json::from_slice(value)
+        .map_err(|e| invalid(&format!("process spec is not valid JSON: {e}")))?;
+    spec::validate_process(&process).map_err(|e| invalid(&e))?;
+    if let Some(obj) = process.as_object_mut() {
+        obj.insert("terminal".into(), serde_json::Value::Bool(req.terminal));
+    }
+    Ok(process)
+}
 
 impl TaskService {
     async fn create_reserved(
         &self,
         req: &api::CreateTaskRequest,
     ) -> TtrpcResult<api::CreateTaskResponse> {
-        let stdio = StdioPaths {
-            stdin: req.stdin.clone(),
-            stdout: req.stdout.clone(),
-            stderr: req.stderr.clone(),
-            terminal: req.terminal,
-        };
-        stdio::validate(&stdio).map_err(|e| status(Code::INVALID_ARGUMENT, e.to_string()))?;
+        let stdio = checked_stdio(&req.stdin, &req.stdout, &req.stderr, req.terminal)?;
         let spec = Self::read_bundle_spec(&req.bundle)?;
         let cfg = ContainerConfig {
             id: req.id.clone(),
@@ -61,16 +113,16 @@ impl TaskService {
         let from = if !req.checkpoint.is_empty() {
             Some(PathBuf::from(&req.checkpoint))
         } else if let Some(name) = spec::annotation(&cfg.spec, spec::ANNOTATION_RESTORE) {
-            Some(self.inner.sandbox.named_checkpoint(name)?)
+            Some(self.sandbox().named_checkpoint(name)?)
         } else {
             None
         };
         let restored = from.is_some();
         let pid = if let Some(from) = from {
-            let pid = self.inner.sandbox.restore_container(&cfg, &from).await?;
+            let pid = self.sandbox().restore_container(&cfg, &from).await?;
             // The restored guest counts the OOM kills from before its
             // checkpoint: those are not news to this task.
-            match self.inner.sandbox.oom_kills().await {
+            match self.sandbox().oom_kills().await {
                 Ok(kills) => {
                     self.inner
                         .oom_seen
@@ -80,7 +132,7 @@ impl TaskService {
             }
             pid
         } else {
-            self.inner.sandbox.create_container(&cfg).await?
+            self.sandbox().create_container(&cfg).await?
         };
         let raced = {
             let mut st = self.lock();
@@ -102,29 +154,23 @@ impl TaskService {
             }
         };
         if raced {
-            let _ = self.inner.sandbox.delete_container(&req.id).await;
-            return Err(status(
-                Code::ALREADY_EXISTS,
-                format!("container {} already exists", req.id),
-            ));
+            let _ = self.sandbox().delete_container(&req.id).await;
+            return container_exists(&req.id);
         }
-        send(
-            self.inner.events.as_ref(),
-            TaskCreate {
-                container_id: req.id.clone(),
-                bundle: req.bundle.clone(),
-                rootfs: req.rootfs.clone(),
-                io: MessageField::some(TaskIO {
-                    stdin: stdio.stdin,
-                    stdout: stdio.stdout,
-                    stderr: stdio.stderr,
-                    terminal: stdio.terminal,
-                    ..Default::default()
-                }),
-                pid,
+        self.publish(TaskCreate {
+            container_id: req.id.clone(),
+            bundle: req.bundle.clone(),
+            rootfs: req.rootfs.clone(),
+            io: MessageField::some(TaskIO {
+                stdin: stdio.stdin,
+                stdout: stdio.stdout,
+                stderr: stdio.stderr,
+                terminal: stdio.terminal,
                 ..Default::default()
-            },
-        )
+            }),
+            pid,
+            ..Default::default()
+        })
         .await;
         Ok(api::CreateTaskResponse {
             pid,
@@ -143,37 +189,30 @@ impl TaskService {
             }
             if st.paused == pause {
                 let already = if pause { "already" } else { "not" };
-                return Err(status(
+                return fail(
                     Code::FAILED_PRECONDITION,
                     format!("container {id} is {already} paused"),
-                ));
+                );
             }
         }
         if pause {
-            self.inner.sandbox.pause().await?;
+            self.sandbox().pause().await?;
         } else {
-            self.inner.sandbox.resume().await?;
+            self.sandbox().resume().await?;
         }
         self.lock().paused = pause;
         let container_id = id.to_string();
-        let events = self.inner.events.as_ref();
         if pause {
-            send(
-                events,
-                TaskPaused {
-                    container_id,
-                    ..Default::default()
-                },
-            )
+            self.publish(TaskPaused {
+                container_id,
+                ..Default::default()
+            })
             .await;
         } else {
-            send(
-                events,
-                TaskResumed {
-                    container_id,
-                    ..Default::default()
-                },
-            )
+            self.publish(TaskResumed {
+                container_id,
+                ..Default::default()
+            })
             .await;
         }
         Ok(api::Empty::default())
@@ -184,9 +223,11 @@ impl TaskService {
             let st = self.lock();
             let (c, p) = st.process(&req.id, &req.exec_id)?;
             if p.state != ProcState::Created {
-                return Err(status(
+                return Err(process_error(
                     Code::FAILED_PRECONDITION,
-                    format!("process {}/{} was already started", req.id, req.exec_id),
+                    &req.id,
+                    &req.exec_id,
+                    "was already started",
                 ));
             }
             if !req.exec_id.is_empty() {
@@ -196,7 +237,7 @@ impl TaskService {
         };
         let pid = if req.exec_id.is_empty() {
             if !restored {
-                self.inner.sandbox.start_container(&req.id).await?;
+                self.sandbox().start_container(&req.id).await?;
             }
             self.lock()
                 .containers
@@ -204,8 +245,7 @@ impl TaskService {
                 .map_or(0, |c| c.init.pid)
         } else {
             let exec = exec.ok_or_else(|| status(Code::INTERNAL, "exec without a process spec"))?;
-            self.inner
-                .sandbox
+            self.sandbox()
                 .exec_process(&req.id, &req.exec_id, &exec)
                 .await?
         };
@@ -216,7 +256,12 @@ impl TaskService {
                 for p in pumps {
                     p.abort();
                 }
-                return Err(not_found(format!("process {}/{}", req.id, req.exec_id)));
+                return Err(process_error(
+                    Code::NOT_FOUND,
+                    &req.id,
+                    &req.exec_id,
+                    "not found",
+                ));
             };
             p.pid = pid;
             p.state = ProcState::Running;
@@ -226,25 +271,19 @@ impl TaskService {
         self.spawn_waiter(req.id.clone(), req.exec_id.clone());
         if req.exec_id.is_empty() {
             self.spawn_oom_watcher(req.id.clone());
-            send(
-                self.inner.events.as_ref(),
-                TaskStart {
-                    container_id: req.id.clone(),
-                    pid,
-                    ..Default::default()
-                },
-            )
+            self.publish(TaskStart {
+                container_id: req.id.clone(),
+                pid,
+                ..Default::default()
+            })
             .await;
         } else {
-            send(
-                self.inner.events.as_ref(),
-                TaskExecStarted {
-                    container_id: req.id.clone(),
-                    exec_id: req.exec_id.clone(),
-                    pid,
-                    ..Default::default()
-                },
-            )
+            self.publish(TaskExecStarted {
+                container_id: req.id.clone(),
+                exec_id: req.exec_id.clone(),
+                pid,
+                ..Default::default()
+            })
             .await;
         }
         Ok(api::StartResponse {
@@ -286,18 +325,15 @@ impl Task for TaskService {
     ) -> TtrpcResult<api::CreateTaskResponse> {
         validate_id("container id", &req.id)?;
         if !req.parent_checkpoint.is_empty() {
-            return Err(status(
+            return fail(
                 Code::UNIMPLEMENTED,
                 "creating a task from a parent checkpoint (incremental) is not supported",
-            ));
+            );
         }
         {
             let mut st = self.lock();
             if st.containers.contains_key(&req.id) || !st.creating.insert(req.id.clone()) {
-                return Err(status(
-                    Code::ALREADY_EXISTS,
-                    format!("container {} already exists", req.id),
-                ));
+                return container_exists(&req.id);
             }
         }
         let r = self.create_reserved(&req).await;
@@ -322,18 +358,18 @@ impl Task for TaskService {
             let st = self.lock();
             let (c, p) = st.process(&req.id, &req.exec_id)?;
             if p.state == ProcState::Running {
-                return Err(status(
+                return Err(process_error(
                     Code::FAILED_PRECONDITION,
-                    format!("process {}/{} is still running", req.id, req.exec_id),
+                    &req.id,
+                    &req.exec_id,
+                    "is still running",
                 ));
             }
             if req.exec_id.is_empty() {
                 if let Some((eid, _)) = c.execs.iter().find(|(_, e)| e.state == ProcState::Running)
                 {
-                    return Err(status(
-                        Code::FAILED_PRECONDITION,
-                        format!("exec {eid} of {} is still running", req.id),
-                    ));
+                    let msg = format!("exec {eid} of {} is still running", req.id);
+                    return fail(Code::FAILED_PRECONDITION, msg);
                 }
             }
             (p.pid, p.exited.clone(), p.state == ProcState::Stopped)
@@ -343,28 +379,20 @@ impl Task for TaskService {
             at: now(),
         });
         if req.exec_id.is_empty() {
-            self.inner.sandbox.delete_container(&req.id).await?;
+            self.sandbox().delete_container(&req.id).await?;
             self.lock().containers.remove(&req.id);
-            send(
-                self.inner.events.as_ref(),
-                TaskDelete {
-                    container_id: req.id.clone(),
-                    pid,
-                    exit_status: exited.status,
-                    exited_at: MessageField::some(exited.at.clone()),
-                    id: req.id.clone(),
-                    ..Default::default()
-                },
-            )
+            self.publish(TaskDelete {
+                container_id: req.id.clone(),
+                pid,
+                exit_status: exited.status,
+                exited_at: MessageField::some(exited.at.clone()),
+                id: req.id.clone(),
+                ..Default::default()
+            })
             .await;
         } else {
             if started {
-                if let Err(e) = self
-                    .inner
-                    .sandbox
-                    .delete_process(&req.id, &req.exec_id)
-                    .await
-                {
+                if let Err(e) = self.sandbox().delete_process(&req.id, &req.exec_id).await {
                     tracing::debug!("{}/{}: deleting in the sandbox: {e}", req.id, req.exec_id);
                 }
             }
@@ -386,7 +414,7 @@ impl Task for TaskService {
         req: api::PidsRequest,
     ) -> TtrpcResult<api::PidsResponse> {
         self.lock().container(&req.id)?;
-        let procs = self.inner.sandbox.processes(&req.id).await?;
+        let procs = self.sandbox().processes(&req.id).await?;
         let mut processes = Vec::with_capacity(procs.len());
         for p in procs {
             let info = if p.exec_id.is_empty() {
@@ -434,10 +462,8 @@ impl Task for TaskService {
             st.paused
         };
         if req.path.is_empty() {
-            return Err(status(
-                Code::INVALID_ARGUMENT,
-                "checkpoint: no path to write the checkpoint to",
-            ));
+            let msg = "checkpoint: no path to write the checkpoint to";
+            return fail(Code::INVALID_ARGUMENT, msg);
         }
         let after = if checkpoint_options(req.options.as_ref())?.exit {
             AfterCheckpoint::Exit
@@ -447,42 +473,32 @@ impl Task for TaskService {
             AfterCheckpoint::Resume
         };
         tracing::info!("{}: checkpoint to {} ({after:?})", req.id, req.path);
-        self.inner
-            .sandbox
+        self.sandbox()
             .checkpoint(Path::new(&req.path), after)
             .await?;
         Ok(api::Empty::default())
     }
 
     async fn kill(&self, _ctx: &TtrpcContext, req: api::KillRequest) -> TtrpcResult<api::Empty> {
-        {
-            let st = self.lock();
-            let (_, p) = st.process(&req.id, &req.exec_id)?;
-            match p.state {
-                ProcState::Stopped if !req.all => {
-                    return Err(status(
-                        Code::NOT_FOUND,
-                        format!("process {}/{} already finished", req.id, req.exec_id),
-                    ));
-                }
-                ProcState::Created if !req.exec_id.is_empty() => {
-                    return Err(status(
-                        Code::FAILED_PRECONDITION,
-                        format!("process {}/{} was not started", req.id, req.exec_id),
-                    ));
-                }
-                _ => {}
+        let refused = match self.lock().process(&req.id, &req.exec_id)?.1.state {
+            ProcState::Stopped if !req.all => Some((Code::NOT_FOUND, "already finished")),
+            ProcState::Created if !req.exec_id.is_empty() => {
+                Some((Code::FAILED_PRECONDITION, "was not started"))
             }
+            _ => None,
+        };
+        if let Some((code, what)) = refused {
+            return Err(process_error(code, &req.id, &req.exec_id, what));
         }
         if req.signal == 0 || req.signal > 64 {
-            return Err(status(
+            return fail(
                 Code::INVALID_ARGUMENT,
                 format!("invalid signal {}", req.signal),
-            ));
+            );
         }
-        self.inner
-            .sandbox
-            .signal(&req.id, &req.exec_id, req.signal, req.all)
+        let (id, exec_id) = (&req.id, &req.exec_id);
+        self.sandbox()
+            .signal(id, exec_id, req.signal, req.all)
             .await?;
         Ok(api::Empty::default())
     }
@@ -493,47 +509,15 @@ impl Task for TaskService {
         req: api::ExecProcessRequest,
     ) -> TtrpcResult<api::Empty> {
         validate_id("exec id", &req.exec_id)?;
-        let stdio = StdioPaths {
-            stdin: req.stdin.clone(),
-            stdout: req.stdout.clone(),
-            stderr: req.stderr.clone(),
-            terminal: req.terminal,
-        };
-        stdio::validate(&stdio).map_err(|e| status(Code::INVALID_ARGUMENT, e.to_string()))?;
-        let value = req
-            .spec
-            .as_ref()
-            .map(|a| a.value.as_slice())
-            .unwrap_or_default();
-        if value.len() > MAX_PROCESS_SPEC {
-            return Err(status(
-                Code::INVALID_ARGUMENT,
-                format!(
-                    "process spec of {} bytes exceeds {MAX_PROCESS_SPEC}",
-                    value.len()
-                ),
-            ));
-        }
-        let mut process: serde_json::Value = serde_json::from_slice(value).map_err(|e| {
-            status(
-                Code::INVALID_ARGUMENT,
-                format!("exec {}: process spec is not valid JSON: {e}", req.exec_id),
-            )
-        })?;
-        spec::validate_process(&process)
-            .map_err(|e| status(Code::INVALID_ARGUMENT, format!("exec {}: {e}", req.exec_id)))?;
-        if let Some(obj) = process.as_object_mut() {
-            obj.insert("terminal".into(), serde_json::Value::Bool(req.terminal));
-        }
+        let stdio = checked_stdio(&req.stdin, &req.stdout, &req.stderr, req.terminal)?;
+        let process = exec_process_spec(&req)?;
         {
             let mut st = self.lock();
             let c = st.container_mut(&req.id)?;
             c.require_running(&req.id)?;
             if c.execs.contains_key(&req.exec_id) {
-                return Err(status(
-                    Code::ALREADY_EXISTS,
-                    format!("exec {} already exists in {}", req.exec_id, req.id),
-                ));
+                let msg = format!("exec {} already exists in {}", req.exec_id, req.id);
+                return fail(Code::ALREADY_EXISTS, msg);
             }
             let exec = ExecConfig {
                 process,
@@ -542,14 +526,11 @@ impl Task for TaskService {
             c.execs
                 .insert(req.exec_id.clone(), Process::new(0, stdio, Some(exec)));
         }
-        send(
-            self.inner.events.as_ref(),
-            TaskExecAdded {
-                container_id: req.id.clone(),
-                exec_id: req.exec_id.clone(),
-                ..Default::default()
-            },
-        )
+        self.publish(TaskExecAdded {
+            container_id: req.id.clone(),
+            exec_id: req.exec_id.clone(),
+            ..Default::default()
+        })
         .await;
         Ok(api::Empty::default())
     }
@@ -559,24 +540,26 @@ impl Task for TaskService {
         _ctx: &TtrpcContext,
         req: api::ResizePtyRequest,
     ) -> TtrpcResult<api::Empty> {
-        {
+        let (id, exec_id) = (&req.id, &req.exec_id);
+        let (terminal, state) = {
             let st = self.lock();
-            let (_, p) = st.process(&req.id, &req.exec_id)?;
-            if !p.stdio.terminal {
-                return Err(status(
-                    Code::FAILED_PRECONDITION,
-                    format!("process {}/{} has no terminal", req.id, req.exec_id),
-                ));
-            }
-            if p.state != ProcState::Running {
-                // Resizing before start or after exit is harmless: ignore.
-                return Ok(api::Empty::default());
-            }
+            let p = st.process(id, exec_id)?.1;
+            (p.stdio.terminal, p.state)
+        };
+        if !terminal {
+            return Err(process_error(
+                Code::FAILED_PRECONDITION,
+                id,
+                exec_id,
+                "has no terminal",
+            ));
         }
-        self.inner
-            .sandbox
-            .resize_pty(&req.id, &req.exec_id, req.height, req.width)
-            .await?;
+        // Resizing before start or after exit is harmless: ignore it.
+        if state == ProcState::Running {
+            self.sandbox()
+                .resize_pty(id, exec_id, req.height, req.width)
+                .await?;
+        }
         Ok(api::Empty::default())
     }
 
@@ -597,10 +580,7 @@ impl Task for TaskService {
                 .is_some()
         };
         if !pump {
-            self.inner
-                .sandbox
-                .close_stdin(&req.id, &req.exec_id)
-                .await?;
+            self.sandbox().close_stdin(&req.id, &req.exec_id).await?;
         }
         Ok(api::Empty::default())
     }
@@ -612,13 +592,13 @@ impl Task for TaskService {
     ) -> TtrpcResult<api::Empty> {
         self.lock().container(&req.id)?;
         if req.resources.as_ref().is_some_and(|r| !r.value.is_empty()) {
-            return Err(status(
+            return fail(
                 Code::UNIMPLEMENTED,
                 format!(
                     "updating the resources of task {} is not supported: a burrow VM's vCPUs and memory are fixed when it boots",
                     req.id
                 ),
-            ));
+            );
         }
         Ok(api::Empty::default())
     }
@@ -628,20 +608,16 @@ impl Task for TaskService {
         _ctx: &TtrpcContext,
         req: api::WaitRequest,
     ) -> TtrpcResult<api::WaitResponse> {
-        let mut rx = {
-            let st = self.lock();
-            let (_, p) = st.process(&req.id, &req.exec_id)?;
-            p.exit_tx.subscribe()
-        };
+        let mut rx = self
+            .lock()
+            .process(&req.id, &req.exec_id)?
+            .1
+            .exit_tx
+            .subscribe();
         let exited = rx
             .wait_for(Option::is_some)
             .await
-            .map_err(|_| {
-                status(
-                    Code::NOT_FOUND,
-                    format!("process {}/{} was deleted", req.id, req.exec_id),
-                )
-            })?
+            .map_err(|_| process_error(Code::NOT_FOUND, &req.id, &req.exec_id, "was deleted"))?
             .clone()
             .ok_or_else(|| status(Code::INTERNAL, "exit status missing"))?;
         Ok(api::WaitResponse {
@@ -657,7 +633,7 @@ impl Task for TaskService {
         req: api::StatsRequest,
     ) -> TtrpcResult<api::StatsResponse> {
         self.lock().container(&req.id)?;
-        let s = self.inner.sandbox.stats(&req.id).await?;
+        let s = self.sandbox().stats(&req.id).await?;
         let metrics = v2::Metrics {
             pids: MessageField::some(v2::PidsStat {
                 current: s.pids,
@@ -708,7 +684,7 @@ impl Task for TaskService {
         if self.container_count() > 0 {
             return Ok(api::Empty::default());
         }
-        if let Err(e) = self.inner.sandbox.shutdown().await {
+        if let Err(e) = self.sandbox().shutdown().await {
             tracing::warn!("shutting the sandbox down: {e}");
         }
         self.inner.exit.signal();

@@ -11,7 +11,6 @@ use tokio::task::JoinHandle;
 
 use super::state::{Exited, ProcState};
 use super::{now, TaskService};
-use crate::events::send;
 use crate::sandbox::Stream;
 use crate::stdio::{self, StdioPaths};
 
@@ -66,13 +65,10 @@ impl TaskService {
             .fetch_max(kills, std::sync::atomic::Ordering::SeqCst);
         if kills > before {
             tracing::warn!("{id}: the guest's OOM killer killed a process ({kills} so far)");
-            send(
-                self.inner.events.as_ref(),
-                TaskOOM {
-                    container_id: id.to_string(),
-                    ..Default::default()
-                },
-            )
+            self.publish(TaskOOM {
+                container_id: id.to_string(),
+                ..Default::default()
+            })
             .await;
         }
     }
@@ -160,21 +156,18 @@ impl TaskService {
             p.stdin_close = None;
             p.pid
         };
-        send(
-            self.inner.events.as_ref(),
-            TaskExit {
-                container_id: id.to_string(),
-                id: if exec_id.is_empty() {
-                    id.to_string()
-                } else {
-                    exec_id.to_string()
-                },
-                pid,
-                exit_status,
-                exited_at: MessageField::some(exited.at.clone()),
-                ..Default::default()
+        self.publish(TaskExit {
+            container_id: id.to_string(),
+            id: if exec_id.is_empty() {
+                id.to_string()
+            } else {
+                exec_id.to_string()
             },
-        )
+            pid,
+            exit_status,
+            exited_at: MessageField::some(exited.at.clone()),
+            ..Default::default()
+        })
         .await;
         let st = self.lock();
         if let Some(p) = st.containers.get(id).and_then(|c| c.process(exec_id)) {

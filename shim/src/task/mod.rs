@@ -30,6 +30,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use containerd_shim::asynchronous::ExitSignal;
+use containerd_shim::event::Event;
 use containerd_shim::protos::protobuf::well_known_types::any::Any;
 use containerd_shim::protos::protobuf::well_known_types::timestamp::Timestamp;
 use containerd_shim::protos::protobuf::{Message, MessageDyn, MessageFull};
@@ -37,7 +38,7 @@ use containerd_shim::protos::shim::oci::CheckpointOptions;
 use containerd_shim::protos::ttrpc::{self, Code};
 use containerd_shim::TtrpcResult;
 
-use crate::events::EventSink;
+use crate::events::{send, EventSink};
 use crate::sandbox::{Sandbox, SandboxError};
 use crate::spec;
 
@@ -70,6 +71,11 @@ fn status(code: Code, msg: impl Into<String>) -> ttrpc::Error {
     ttrpc::Error::RpcStatus(ttrpc::get_status(code, msg.into()))
 }
 
+/// Fail an RPC with `code` and `msg`.
+fn fail<T>(code: Code, msg: impl Into<String>) -> TtrpcResult<T> {
+    Err(status(code, msg))
+}
+
 fn not_found(what: impl std::fmt::Display) -> ttrpc::Error {
     status(Code::NOT_FOUND, format!("{what} not found"))
 }
@@ -98,13 +104,13 @@ pub fn validate_id(kind: &str, id: &str) -> Result<(), ttrpc::Error> {
     if crate::is_plain_name(id, burrow_protocol::MAX_ID_LEN) {
         Ok(())
     } else {
-        Err(status(
+        fail(
             Code::INVALID_ARGUMENT,
             format!(
                 "invalid {kind} {id:?}: want 1..={} characters of [A-Za-z0-9_.-]",
                 burrow_protocol::MAX_ID_LEN
             ),
-        ))
+        )
     }
 }
 
@@ -118,10 +124,10 @@ fn checkpoint_options(options: Option<&Any>) -> TtrpcResult<CheckpointOptions> {
     };
     let name = any.type_url.rsplit('/').next().unwrap_or_default();
     if name != CheckpointOptions::descriptor().full_name() {
-        return Err(status(
+        return fail(
             Code::INVALID_ARGUMENT,
             format!("checkpoint options of type {name:?}: want runc's CheckpointOptions"),
-        ));
+        );
     }
     CheckpointOptions::parse_from_bytes(&any.value).map_err(|e| {
         status(
@@ -174,6 +180,15 @@ impl TaskService {
             .state
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn sandbox(&self) -> &dyn Sandbox {
+        self.inner.sandbox.as_ref()
+    }
+
+    /// Publish `event` on the topic its type names.
+    async fn publish<E: Event + MessageDyn + 'static>(&self, event: E) {
+        send(self.inner.events.as_ref(), event).await;
     }
 
     /// Number of containers this shim still tracks.

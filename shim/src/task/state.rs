@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 
 use containerd_shim::protos::ttrpc::Code;
 
-use super::{not_found, status};
+use super::{fail, not_found};
 use crate::sandbox::ExecConfig;
 use crate::stdio::StdioPaths;
 
@@ -83,10 +83,10 @@ impl Container {
         if self.init.state == ProcState::Running {
             Ok(())
         } else {
-            Err(status(
+            fail(
                 Code::FAILED_PRECONDITION,
                 format!("container {id} is not running"),
-            ))
+            )
         }
     }
 

@@ -520,19 +520,13 @@ impl Sandbox for VmSandbox {
         }
     }
 
-    async fn read_output(
-        &self,
-        id: &str,
-        exec_id: &str,
-        stream: Stream,
-        max: usize,
-    ) -> Result<Chunk> {
+    async fn read_output(&self, id: &str, exec_id: &str, stream: Stream) -> Result<Chunk> {
         let gid = &self.gid(id);
         let chunk = self
             .vm
             .across_sleep(
                 || format!("{id}/{exec_id}: read"),
-                |agent| async move { agent.read(gid, exec_id, stream, max).await },
+                |agent| async move { agent.read(gid, exec_id, stream, OUTPUT_CHUNK).await },
             )
             .await?;
         if !chunk.data.is_empty() {

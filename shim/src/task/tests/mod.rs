@@ -14,7 +14,7 @@ use std::time::Duration;
 use containerd_shim::api;
 use containerd_shim::asynchronous::ExitSignal;
 use containerd_shim::protos::protobuf::well_known_types::any::Any;
-use containerd_shim::protos::protobuf::MessageField;
+use containerd_shim::protos::protobuf::{MessageField, MessageFull};
 use containerd_shim::protos::shim_async::Task;
 use containerd_shim::protos::ttrpc::r#async::TtrpcContext;
 use containerd_shim::protos::ttrpc::{self, Code};
@@ -45,6 +45,21 @@ fn message(e: &ttrpc::Error) -> String {
         ttrpc::Error::RpcStatus(s) => s.message.clone(),
         other => other.to_string(),
     }
+}
+
+/// Task API request `R` for container `id`, all else default: every
+/// request of the task API names its container in a field `id`.
+fn naming<R: MessageFull>(id: &str) -> R {
+    let mut req = R::new();
+    let field = R::descriptor().field_by_name("id").expect("an id field");
+    field.set_singular_field(&mut req, id.to_string().into());
+    req
+}
+
+/// The code of the error `r` must be; panics if `r` succeeded.
+#[track_caller]
+fn refused<T: std::fmt::Debug>(r: Result<T, ttrpc::Error>) -> Code {
+    code(&r.expect_err("the request should have been refused"))
 }
 
 struct H {
@@ -135,75 +150,75 @@ impl H {
     }
 
     async fn start(&self, id: &str, exec_id: &str) -> Result<u32, ttrpc::Error> {
-        self.svc
-            .start(
-                &ctx(),
-                api::StartRequest {
-                    id: id.into(),
-                    exec_id: exec_id.into(),
-                    ..Default::default()
-                },
-            )
-            .await
-            .map(|r| r.pid)
+        let req = api::StartRequest {
+            exec_id: exec_id.into(),
+            ..naming(id)
+        };
+        self.svc.start(&ctx(), req).await.map(|r| r.pid)
+    }
+
+    /// Create task `id` running `args`, without stdio; its pid.
+    async fn create_plain(&self, id: &str, args: &[&str]) -> u32 {
+        self.create(id, args, "", "", false).await.expect("create")
+    }
+
+    /// Create and start task `id` running `args`, without stdio; its pid.
+    async fn run(&self, id: &str, args: &[&str]) -> u32 {
+        self.create_plain(id, args).await;
+        self.start(id, "").await.expect("start")
     }
 
     async fn wait(&self, id: &str, exec_id: &str) -> u32 {
         let c = ctx();
-        let w = self.svc.wait(
-            &c,
-            api::WaitRequest {
-                id: id.into(),
-                exec_id: exec_id.into(),
-                ..Default::default()
-            },
-        );
-        tokio::time::timeout(Duration::from_secs(10), w)
+        let req = api::WaitRequest {
+            exec_id: exec_id.into(),
+            ..naming(id)
+        };
+        tokio::time::timeout(Duration::from_secs(10), self.svc.wait(&c, req))
             .await
             .expect("wait timed out")
             .expect("wait")
             .exit_status
     }
 
-    async fn state(&self, id: &str, exec_id: &str) -> api::StateResponse {
-        self.svc
-            .state(
-                &ctx(),
-                api::StateRequest {
-                    id: id.into(),
-                    exec_id: exec_id.into(),
-                    ..Default::default()
-                },
-            )
-            .await
-            .expect("state")
+    async fn state(&self, id: &str, exec_id: &str) -> Result<api::StateResponse, ttrpc::Error> {
+        let req = api::StateRequest {
+            exec_id: exec_id.into(),
+            ..naming(id)
+        };
+        self.svc.state(&ctx(), req).await
+    }
+
+    /// The status State reports for process `exec_id` of `id`.
+    async fn status(&self, id: &str, exec_id: &str) -> Status {
+        let st = self.state(id, exec_id).await.expect("state");
+        st.status.enum_value().expect("a known status")
     }
 
     async fn delete(&self, id: &str, exec_id: &str) -> Result<api::DeleteResponse, ttrpc::Error> {
-        self.svc
-            .delete(
-                &ctx(),
-                api::DeleteRequest {
-                    id: id.into(),
-                    exec_id: exec_id.into(),
-                    ..Default::default()
-                },
-            )
-            .await
+        let req = api::DeleteRequest {
+            exec_id: exec_id.into(),
+            ..naming(id)
+        };
+        self.svc.delete(&ctx(), req).await
     }
 
     async fn kill(&self, id: &str, exec_id: &str, signal: u32) -> Result<api::Empty, ttrpc::Error> {
-        self.svc
-            .kill(
-                &ctx(),
-                api::KillRequest {
-                    id: id.into(),
-                    exec_id: exec_id.into(),
-                    signal,
-                    ..Default::default()
-                },
-            )
-            .await
+        let req = api::KillRequest {
+            exec_id: exec_id.into(),
+            signal,
+            ..naming(id)
+        };
+        self.svc.kill(&ctx(), req).await
+    }
+
+    /// CloseIO for `id`'s stdin.
+    async fn close_stdin(&self, id: &str) -> Result<api::Empty, ttrpc::Error> {
+        let req = api::CloseIORequest {
+            stdin: true,
+            ..naming(id)
+        };
+        self.svc.close_io(&ctx(), req).await
     }
 
     async fn exec(
@@ -216,7 +231,6 @@ impl H {
     ) -> Result<api::Empty, ttrpc::Error> {
         let process = serde_json::json!({"args": args, "cwd": "/"});
         let req = api::ExecProcessRequest {
-            id: id.into(),
             exec_id: exec_id.into(),
             stdout: stdout.into(),
             terminal,
@@ -224,7 +238,7 @@ impl H {
                 value: process.to_string().into_bytes(),
                 ..Default::default()
             }),
-            ..Default::default()
+            ..naming(id)
         };
         self.svc.exec(&ctx(), req).await
     }

@@ -18,13 +18,10 @@ async fn lifecycle_output_and_events() {
         .await
         .expect("create");
     assert!(pid > 0);
-    assert_eq!(
-        h.state("c1", "").await.status.enum_value(),
-        Ok(Status::CREATED)
-    );
+    assert_eq!(h.status("c1", "").await, Status::CREATED);
     assert_eq!(h.start("c1", "").await.expect("start"), pid);
     assert_eq!(h.wait("c1", "").await, 0);
-    let st = h.state("c1", "").await;
+    let st = h.state("c1", "").await.expect("state");
     assert_eq!(st.status.enum_value(), Ok(Status::STOPPED));
     assert!(st.exited_at.is_some());
     // The exit is reported only after the output has been written.
@@ -44,8 +41,7 @@ async fn lifecycle_output_and_events() {
             "/tasks/delete"
         ]
     );
-    let err = h.delete("c1", "").await.expect_err("second delete");
-    assert_eq!(code(&err), Code::NOT_FOUND);
+    assert_eq!(refused(h.delete("c1", "").await), Code::NOT_FOUND);
 }
 
 #[tokio::test]
@@ -72,26 +68,15 @@ async fn output_through_a_fifo() {
 #[tokio::test]
 async fn exit_codes_and_signals() {
     let h = H::new();
-    h.create("c7", &["exit", "7"], "", "", false)
-        .await
-        .expect("create");
-    h.start("c7", "").await.expect("start");
+    h.run("c7", &["exit", "7"]).await;
     assert_eq!(h.wait("c7", "").await, 7);
     let err = h.kill("c7", "", 9).await.expect_err("kill after exit");
     assert_eq!(code(&err), Code::NOT_FOUND, "{}", message(&err));
 
-    h.create("s", &["sleep"], "", "", false)
-        .await
-        .expect("create");
-    h.start("s", "").await.expect("start");
-    assert_eq!(
-        h.state("s", "").await.status.enum_value(),
-        Ok(Status::RUNNING)
-    );
-    let err = h.delete("s", "").await.expect_err("delete while running");
-    assert_eq!(code(&err), Code::FAILED_PRECONDITION);
-    let err = h.kill("s", "", 0).await.expect_err("signal 0");
-    assert_eq!(code(&err), Code::INVALID_ARGUMENT);
+    h.run("s", &["sleep"]).await;
+    assert_eq!(h.status("s", "").await, Status::RUNNING);
+    assert_eq!(refused(h.delete("s", "").await), Code::FAILED_PRECONDITION);
+    assert_eq!(refused(h.kill("s", "", 0).await), Code::INVALID_ARGUMENT);
     h.kill("s", "", 15).await.expect("kill");
     assert_eq!(h.wait("s", "").await, 128 + 15);
     assert_eq!(h.delete("s", "").await.expect("delete").exit_status, 143);
@@ -100,28 +85,21 @@ async fn exit_codes_and_signals() {
 #[tokio::test]
 async fn exec_pids_and_exec_events() {
     let h = H::new();
-    h.create("c", &["sleep"], "", "", false)
-        .await
-        .expect("create");
-    let err = h
-        .exec("c", "e1", &["echo", "x"], "", false)
-        .await
-        .expect_err("exec before start");
-    assert_eq!(code(&err), Code::FAILED_PRECONDITION);
+    h.create_plain("c", &["sleep"]).await;
+    assert_eq!(
+        refused(h.exec("c", "e1", &["echo", "x"], "", false).await),
+        Code::FAILED_PRECONDITION
+    );
     let init = h.start("c", "").await.expect("start");
     let out = h.path("exec.log");
     h.exec("c", "e1", &["echo", "from", "exec"], &file_uri(&out), false)
         .await
         .expect("exec");
-    let err = h
-        .exec("c", "e1", &["echo"], "", false)
-        .await
-        .expect_err("dup exec");
-    assert_eq!(code(&err), Code::ALREADY_EXISTS);
     assert_eq!(
-        h.state("c", "e1").await.status.enum_value(),
-        Ok(Status::CREATED)
+        refused(h.exec("c", "e1", &["echo"], "", false).await),
+        Code::ALREADY_EXISTS
     );
+    assert_eq!(h.status("c", "e1").await, Status::CREATED);
     let pid = h.start("c", "e1").await.expect("start exec");
     assert_ne!(pid, init);
     assert_eq!(h.wait("c", "e1").await, 0);
@@ -134,17 +112,7 @@ async fn exec_pids_and_exec_events() {
         .await
         .expect("exec 2");
     let pid2 = h.start("c", "e2").await.expect("start exec 2");
-    let pids = h
-        .svc
-        .pids(
-            &ctx(),
-            api::PidsRequest {
-                id: "c".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("pids");
+    let pids = h.svc.pids(&ctx(), naming("c")).await.expect("pids");
     let listed: Vec<u32> = pids.processes.iter().map(|p| p.pid).collect();
     assert!(
         listed.contains(&init) && listed.contains(&pid2),
@@ -152,28 +120,12 @@ async fn exec_pids_and_exec_events() {
     );
     assert!(pids.processes.iter().any(|p| p.info.is_some()));
 
-    let err = h
-        .delete("c", "")
-        .await
-        .expect_err("delete init with a running exec");
-    assert_eq!(code(&err), Code::FAILED_PRECONDITION);
+    assert_eq!(refused(h.delete("c", "").await), Code::FAILED_PRECONDITION);
     h.kill("c", "e2", 9).await.expect("kill exec");
     assert_eq!(h.wait("c", "e2").await, 137);
     assert_eq!(h.delete("c", "e1").await.expect("delete e1").pid, pid);
     h.delete("c", "e2").await.expect("delete e2");
-    let err = h
-        .svc
-        .state(
-            &ctx(),
-            api::StateRequest {
-                id: "c".into(),
-                exec_id: "e1".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .expect_err("deleted exec");
-    assert_eq!(code(&err), Code::NOT_FOUND);
+    assert_eq!(refused(h.state("c", "e1").await), Code::NOT_FOUND);
     h.kill("c", "", 9).await.expect("kill init");
     h.wait("c", "").await;
     h.delete("c", "").await.expect("delete");
@@ -214,17 +166,7 @@ async fn stdin_fifo_partial_writes_and_close_io() {
     use tokio::io::AsyncWriteExt;
     tx.write_all(b"hello through stdin\n").await.expect("write");
     drop(tx);
-    h.svc
-        .close_io(
-            &ctx(),
-            api::CloseIORequest {
-                id: "cat".into(),
-                stdin: true,
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("close io");
+    h.close_stdin("cat").await.expect("close io");
     assert_eq!(h.wait("cat", "").await, 0);
     assert_eq!(
         std::fs::read_to_string(&out).expect("out"),
@@ -235,85 +177,30 @@ async fn stdin_fifo_partial_writes_and_close_io() {
 #[tokio::test]
 async fn close_io_without_stdin_pump_closes_directly() {
     let h = H::new();
-    h.create("cat", &["cat"], "", "", false)
-        .await
-        .expect("create");
-    h.start("cat", "").await.expect("start");
-    h.svc
-        .close_io(
-            &ctx(),
-            api::CloseIORequest {
-                id: "cat".into(),
-                stdin: true,
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("close io");
+    h.run("cat", &["cat"]).await;
+    h.close_stdin("cat").await.expect("close io");
     assert_eq!(h.wait("cat", "").await, 0);
 }
 
 #[tokio::test]
 async fn pause_and_resume() {
     let h = H::new();
-    h.create("p", &["sleep"], "", "", false)
-        .await
-        .expect("create");
-    let err = h
-        .svc
-        .pause(
-            &ctx(),
-            api::PauseRequest {
-                id: "p".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .expect_err("pause created");
-    assert_eq!(code(&err), Code::FAILED_PRECONDITION);
+    h.create_plain("p", &["sleep"]).await;
+    assert_eq!(
+        refused(h.svc.pause(&ctx(), naming("p")).await),
+        Code::FAILED_PRECONDITION
+    );
     h.start("p", "").await.expect("start");
-    h.svc
-        .pause(
-            &ctx(),
-            api::PauseRequest {
-                id: "p".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("pause");
+    h.svc.pause(&ctx(), naming("p")).await.expect("pause");
     assert!(h.sb.paused());
-    assert_eq!(
-        h.state("p", "").await.status.enum_value(),
-        Ok(Status::PAUSED)
-    );
-    h.svc
-        .resume(
-            &ctx(),
-            api::ResumeRequest {
-                id: "p".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("resume");
+    assert_eq!(h.status("p", "").await, Status::PAUSED);
+    h.svc.resume(&ctx(), naming("p")).await.expect("resume");
     assert!(!h.sb.paused());
+    assert_eq!(h.status("p", "").await, Status::RUNNING);
     assert_eq!(
-        h.state("p", "").await.status.enum_value(),
-        Ok(Status::RUNNING)
+        refused(h.svc.resume(&ctx(), naming("p")).await),
+        Code::FAILED_PRECONDITION
     );
-    let err = h
-        .svc
-        .resume(
-            &ctx(),
-            api::ResumeRequest {
-                id: "p".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .expect_err("resume twice");
-    assert_eq!(code(&err), Code::FAILED_PRECONDITION);
     let topics = h.ev.topics();
     assert!(
         topics.contains(&"/tasks/paused".to_string())
@@ -324,10 +211,7 @@ async fn pause_and_resume() {
 #[tokio::test]
 async fn guest_oom_kills_become_task_oom_events() {
     let h = H::new();
-    h.create("c", &["sleep"], "", "", false)
-        .await
-        .expect("create");
-    h.start("c", "").await.expect("start");
+    h.run("c", &["sleep"]).await;
     for n in 1..=2 {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         h.sb.oom_kill();
@@ -344,10 +228,9 @@ async fn a_restored_task_reports_only_oom_kills_after_its_restore() {
     h.sb.oom_kill();
     h.sb.oom_kill();
     let req = api::CreateTaskRequest {
-        id: "r".into(),
         bundle: h.bundle("r", &["sleep"]),
         checkpoint: h.path("cp").display().to_string(),
-        ..Default::default()
+        ..naming("r")
     };
     h.svc.create(&ctx(), req).await.expect("restore");
     h.start("r", "").await.expect("start");
@@ -376,9 +259,8 @@ async fn the_restore_annotation_restores_the_named_checkpoint() {
     });
     std::fs::write(Path::new(&b).join("config.json"), spec.to_string()).expect("config.json");
     let req = api::CreateTaskRequest {
-        id: "n".into(),
         bundle: b,
-        ..Default::default()
+        ..naming("n")
     };
     h.svc.create(&ctx(), req).await.expect("restore by name");
     assert!(
@@ -392,10 +274,7 @@ async fn the_restore_annotation_restores_the_named_checkpoint() {
 #[tokio::test]
 async fn sandbox_crash_reports_exit_and_delete_cleans_up() {
     let h = H::new();
-    h.create("c", &["sleep"], "", "", false)
-        .await
-        .expect("create");
-    h.start("c", "").await.expect("start");
+    h.run("c", &["sleep"]).await;
     h.sb.crash();
     assert_eq!(h.wait("c", "").await, 255);
     assert!(h.ev.topics().contains(&"/tasks/exit".to_string()));

@@ -11,9 +11,8 @@ async fn bad_requests_leave_nothing_behind() {
     std::fs::create_dir_all(&b).expect("dir");
     std::fs::write(b.join("config.json"), r#"{"process": {"args": "sh"}}"#).expect("write");
     let req = api::CreateTaskRequest {
-        id: "bad".into(),
         bundle: b.display().to_string(),
-        ..Default::default()
+        ..naming("bad")
     };
     let err = h.svc.create(&ctx(), req).await.expect_err("malformed spec");
     assert_eq!(code(&err), Code::INVALID_ARGUMENT);
@@ -26,37 +25,35 @@ async fn bad_requests_leave_nothing_behind() {
             bundle: bundle.clone(),
             ..Default::default()
         };
-        let err = h.svc.create(&ctx(), req).await.expect_err("bad id");
-        assert_eq!(code(&err), Code::INVALID_ARGUMENT, "{id:?}");
+        assert_eq!(
+            refused(h.svc.create(&ctx(), req).await),
+            Code::INVALID_ARGUMENT,
+            "{id:?}"
+        );
     }
-    let err = h
-        .create("c", &["true"], "binary:///usr/bin/logger", "", false)
-        .await
-        .expect_err("binary log");
-    assert_eq!(code(&err), Code::INVALID_ARGUMENT);
+    assert_eq!(
+        refused(
+            h.create("c", &["true"], "binary:///usr/bin/logger", "", false)
+                .await
+        ),
+        Code::INVALID_ARGUMENT
+    );
     let req = api::CreateTaskRequest {
-        id: "cp".into(),
         bundle: h.bundle("cp", &["true"]),
         checkpoint: "/tmp/cp".into(),
-        ..Default::default()
+        ..naming("cp")
     };
     assert_eq!(
-        code(&h.svc.create(&ctx(), req).await.expect_err("restore")),
+        refused(h.svc.create(&ctx(), req).await),
         Code::UNIMPLEMENTED
     );
     assert!(h.sb.calls().is_empty(), "{:?}", h.sb.calls());
     assert_eq!(h.svc.container_count(), 0);
     assert!(h.ev.topics().is_empty());
     // Duplicate ids.
-    h.create("c", &["sleep"], "", "", false)
-        .await
-        .expect("create");
+    h.create_plain("c", &["sleep"]).await;
     assert_eq!(
-        code(
-            &h.create("c", &["sleep"], "", "", false)
-                .await
-                .expect_err("dup")
-        ),
+        refused(h.create("c", &["sleep"], "", "", false).await),
         Code::ALREADY_EXISTS
     );
     // Malformed exec spec.
@@ -71,7 +68,7 @@ async fn bad_requests_leave_nothing_behind() {
         ..Default::default()
     };
     assert_eq!(
-        code(&h.svc.exec(&ctx(), req).await.expect_err("bad exec")),
+        refused(h.svc.exec(&ctx(), req).await),
         Code::INVALID_ARGUMENT
     );
 }
@@ -79,18 +76,14 @@ async fn bad_requests_leave_nothing_behind() {
 #[tokio::test]
 async fn terminal_resize() {
     let h = H::new();
-    h.create("plain", &["sleep"], "", "", false)
-        .await
-        .expect("create");
-    h.start("plain", "").await.expect("start");
+    h.run("plain", &["sleep"]).await;
     let req = api::ResizePtyRequest {
-        id: "plain".into(),
         width: 80,
         height: 24,
-        ..Default::default()
+        ..naming("plain")
     };
     assert_eq!(
-        code(&h.svc.resize_pty(&ctx(), req).await.expect_err("no tty")),
+        refused(h.svc.resize_pty(&ctx(), req).await),
         Code::FAILED_PRECONDITION
     );
     h.create("tty", &["sleep"], "", "", true)
@@ -98,10 +91,9 @@ async fn terminal_resize() {
         .expect("create");
     h.start("tty", "").await.expect("start");
     let req = api::ResizePtyRequest {
-        id: "tty".into(),
         width: 100,
         height: 30,
-        ..Default::default()
+        ..naming("tty")
     };
     h.svc.resize_pty(&ctx(), req).await.expect("resize");
     assert!(
@@ -114,11 +106,10 @@ async fn terminal_resize() {
         .expect("exec");
     h.start("tty", "t").await.expect("start exec");
     let req = api::ResizePtyRequest {
-        id: "tty".into(),
         exec_id: "t".into(),
         width: 10,
         height: 5,
-        ..Default::default()
+        ..naming("tty")
     };
     h.svc.resize_pty(&ctx(), req).await.expect("resize exec");
 }
@@ -126,11 +117,7 @@ async fn terminal_resize() {
 #[tokio::test]
 async fn update_stats_checkpoint_connect() {
     let h = H::new();
-    let pid = h
-        .create("c", &["sleep"], "", "", false)
-        .await
-        .expect("create");
-    h.start("c", "").await.expect("start");
+    let pid = h.run("c", &["sleep"]).await;
     let req = api::UpdateTaskRequest {
         id: "c".into(),
         resources: MessageField::some(Any {
@@ -152,66 +139,40 @@ async fn update_stats_checkpoint_connect() {
         .update(
             &ctx(),
             api::UpdateTaskRequest {
-                id: "c".into(),
                 annotations: ann,
-                ..Default::default()
+                ..naming("c")
             },
         )
         .await
         .expect("update annotations");
 
-    let s = h
-        .svc
-        .stats(
-            &ctx(),
-            api::StatsRequest {
-                id: "c".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("stats");
+    let s = h.svc.stats(&ctx(), naming("c")).await.expect("stats");
     assert_eq!(s.stats.type_url, "io.containerd.cgroups.v2.Metrics");
 
     let err = h
         .svc
-        .checkpoint(
-            &ctx(),
-            api::CheckpointTaskRequest {
-                id: "c".into(),
-                ..Default::default()
-            },
-        )
+        .checkpoint(&ctx(), naming("c"))
         .await
         .expect_err("checkpoint without a path");
     assert_eq!(code(&err), Code::INVALID_ARGUMENT);
     assert!(message(&err).contains("path"));
     // The fake sandbox cannot checkpoint: its refusal comes through.
-    let err = h
-        .svc
-        .checkpoint(
-            &ctx(),
-            api::CheckpointTaskRequest {
-                id: "c".into(),
-                path: "/tmp/cp".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .expect_err("checkpoint");
-    assert_eq!(code(&err), Code::UNIMPLEMENTED);
+    assert_eq!(
+        refused(
+            h.svc
+                .checkpoint(
+                    &ctx(),
+                    api::CheckpointTaskRequest {
+                        path: "/tmp/cp".into(),
+                        ..naming("c")
+                    },
+                )
+                .await
+        ),
+        Code::UNIMPLEMENTED
+    );
 
-    let c = h
-        .svc
-        .connect(
-            &ctx(),
-            api::ConnectRequest {
-                id: "c".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("connect");
+    let c = h.svc.connect(&ctx(), naming("c")).await.expect("connect");
     assert_eq!(c.shim_pid, std::process::id());
     assert_eq!(c.task_pid, pid);
 }
@@ -243,10 +204,9 @@ async fn checkpoint_options_say_whether_the_task_exits() {
         h.svc.checkpoint(
             &c,
             api::CheckpointTaskRequest {
-                id: "c".into(),
                 path: "/tmp/cp".into(),
                 options: options.into(),
-                ..Default::default()
+                ..naming("c")
             },
         )
     };
@@ -261,18 +221,21 @@ async fn checkpoint_options_say_whether_the_task_exits() {
     .await
     .expect("checkpoint");
     checkpoint(None).await.expect("checkpoint without options");
-    let err = checkpoint(Some(options("example.Other", true)))
-        .await
-        .expect_err("foreign options");
-    assert_eq!(code(&err), Code::INVALID_ARGUMENT);
-    let err = checkpoint(Some(Any {
-        type_url: "containerd.runc.v1.CheckpointOptions".into(),
-        value: vec![0x08],
-        ..Default::default()
-    }))
-    .await
-    .expect_err("truncated options");
-    assert_eq!(code(&err), Code::INVALID_ARGUMENT);
+    assert_eq!(
+        refused(checkpoint(Some(options("example.Other", true))).await),
+        Code::INVALID_ARGUMENT
+    );
+    assert_eq!(
+        refused(
+            checkpoint(Some(Any {
+                type_url: "containerd.runc.v1.CheckpointOptions".into(),
+                value: vec![0x08],
+                ..Default::default()
+            }))
+            .await
+        ),
+        Code::INVALID_ARGUMENT
+    );
     let done: Vec<String> =
         h.sb.calls()
             .into_iter()
@@ -291,9 +254,7 @@ async fn checkpoint_options_say_whether_the_task_exits() {
 #[tokio::test]
 async fn shutdown_waits_for_the_last_container() {
     let h = H::new();
-    h.create("c", &["exit", "0"], "", "", false)
-        .await
-        .expect("create");
+    h.create_plain("c", &["exit", "0"]).await;
     h.svc
         .shutdown(&ctx(), api::ShutdownRequest::default())
         .await
@@ -315,10 +276,7 @@ async fn shutdown_waits_for_the_last_container() {
 #[tokio::test]
 async fn delete_of_a_never_started_task() {
     let h = H::new();
-    let pid = h
-        .create("c", &["sleep"], "", "", false)
-        .await
-        .expect("create");
+    let pid = h.create_plain("c", &["sleep"]).await;
     let d = h.delete("c", "").await.expect("delete");
     assert_eq!(d.pid, pid);
     assert!(h.sb.containers().is_empty());
@@ -330,202 +288,33 @@ async fn every_rpc_is_implemented() {
     let h = H::new();
     let c = ctx();
     let s = &h.svc;
-    let id = || "missing".to_string();
+    let id = "missing";
+    let kill = api::KillRequest {
+        signal: 9,
+        ..naming(id)
+    };
+    let exec = api::ExecProcessRequest {
+        exec_id: "e".into(),
+        ..naming(id)
+    };
     let results: Vec<(&str, Result<(), ttrpc::Error>)> = vec![
-        (
-            "state",
-            s.state(
-                &c,
-                api::StateRequest {
-                    id: id(),
-                    ..Default::default()
-                },
-            )
-            .await
-            .map(drop),
-        ),
-        (
-            "create",
-            s.create(
-                &c,
-                api::CreateTaskRequest {
-                    id: id(),
-                    ..Default::default()
-                },
-            )
-            .await
-            .map(drop),
-        ),
-        (
-            "start",
-            s.start(
-                &c,
-                api::StartRequest {
-                    id: id(),
-                    ..Default::default()
-                },
-            )
-            .await
-            .map(drop),
-        ),
-        (
-            "delete",
-            s.delete(
-                &c,
-                api::DeleteRequest {
-                    id: id(),
-                    ..Default::default()
-                },
-            )
-            .await
-            .map(drop),
-        ),
-        (
-            "pids",
-            s.pids(
-                &c,
-                api::PidsRequest {
-                    id: id(),
-                    ..Default::default()
-                },
-            )
-            .await
-            .map(drop),
-        ),
-        (
-            "pause",
-            s.pause(
-                &c,
-                api::PauseRequest {
-                    id: id(),
-                    ..Default::default()
-                },
-            )
-            .await
-            .map(drop),
-        ),
-        (
-            "resume",
-            s.resume(
-                &c,
-                api::ResumeRequest {
-                    id: id(),
-                    ..Default::default()
-                },
-            )
-            .await
-            .map(drop),
-        ),
-        (
-            "checkpoint",
-            s.checkpoint(
-                &c,
-                api::CheckpointTaskRequest {
-                    id: id(),
-                    ..Default::default()
-                },
-            )
-            .await
-            .map(drop),
-        ),
-        (
-            "kill",
-            s.kill(
-                &c,
-                api::KillRequest {
-                    id: id(),
-                    signal: 9,
-                    ..Default::default()
-                },
-            )
-            .await
-            .map(drop),
-        ),
-        (
-            "exec",
-            s.exec(
-                &c,
-                api::ExecProcessRequest {
-                    id: id(),
-                    exec_id: "e".into(),
-                    ..Default::default()
-                },
-            )
-            .await
-            .map(drop),
-        ),
-        (
-            "resize_pty",
-            s.resize_pty(
-                &c,
-                api::ResizePtyRequest {
-                    id: id(),
-                    ..Default::default()
-                },
-            )
-            .await
-            .map(drop),
-        ),
-        (
-            "close_io",
-            s.close_io(
-                &c,
-                api::CloseIORequest {
-                    id: id(),
-                    ..Default::default()
-                },
-            )
-            .await
-            .map(drop),
-        ),
-        (
-            "update",
-            s.update(
-                &c,
-                api::UpdateTaskRequest {
-                    id: id(),
-                    ..Default::default()
-                },
-            )
-            .await
-            .map(drop),
-        ),
-        (
-            "wait",
-            s.wait(
-                &c,
-                api::WaitRequest {
-                    id: id(),
-                    ..Default::default()
-                },
-            )
-            .await
-            .map(drop),
-        ),
-        (
-            "stats",
-            s.stats(
-                &c,
-                api::StatsRequest {
-                    id: id(),
-                    ..Default::default()
-                },
-            )
-            .await
-            .map(drop),
-        ),
-        (
-            "connect",
-            s.connect(
-                &c,
-                api::ConnectRequest {
-                    id: id(),
-                    ..Default::default()
-                },
-            )
-            .await
-            .map(drop),
-        ),
+        ("state", s.state(&c, naming(id)).await.map(drop)),
+        ("create", s.create(&c, naming(id)).await.map(drop)),
+        ("start", s.start(&c, naming(id)).await.map(drop)),
+        ("delete", s.delete(&c, naming(id)).await.map(drop)),
+        ("pids", s.pids(&c, naming(id)).await.map(drop)),
+        ("pause", s.pause(&c, naming(id)).await.map(drop)),
+        ("resume", s.resume(&c, naming(id)).await.map(drop)),
+        ("checkpoint", s.checkpoint(&c, naming(id)).await.map(drop)),
+        ("resize_pty", s.resize_pty(&c, naming(id)).await.map(drop)),
+        ("close_io", s.close_io(&c, naming(id)).await.map(drop)),
+        ("update", s.update(&c, naming(id)).await.map(drop)),
+        ("wait", s.wait(&c, naming(id)).await.map(drop)),
+        ("stats", s.stats(&c, naming(id)).await.map(drop)),
+        ("connect", s.connect(&c, naming(id)).await.map(drop)),
+        // These two carry what a valid request has besides the id.
+        ("kill", s.kill(&c, kill).await.map(drop)),
+        ("exec", s.exec(&c, exec).await.map(drop)),
     ];
     for (name, r) in results {
         if let Err(e) = r {

@@ -204,6 +204,18 @@ impl Containerd {
         self.wait_ready();
     }
 
+    /// The ttrpc address (`unix://...`) of the shim serving task `id`, as
+    /// the shim wrote it into the task's bundle for containerd.
+    pub fn shim_address(&self, id: &str) -> String {
+        let p = self
+            .dir
+            .join("state/io.containerd.runtime.v2.task/default")
+            .join(id)
+            .join("address");
+        let s = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        s.trim().to_string()
+    }
+
     /// Pids of the running (not zombie) shim processes this containerd
     /// started for task `id`.
     pub fn shim_pids(&self, id: &str) -> Vec<i32> {
@@ -524,8 +536,14 @@ fn launch(dir: &Path, shim: &Path) -> Child {
         .append(true)
         .open(dir.join("containerd.log"))
         .expect("containerd log");
-    Command::new("containerd")
-        .arg("--config")
+    let mut cmd = Command::new("containerd");
+    // With no udev running (hack/testhost), libdevmapper must create the
+    // /dev/mapper nodes itself, or containerd's devmapper snapshotter finds
+    // neither its pool nor the thin devices it creates.
+    if !Path::new("/run/udev/control").exists() {
+        cmd.env("DM_DISABLE_UDEV", "1");
+    }
+    cmd.arg("--config")
         .arg(dir.join("containerd.toml"))
         .args(["--log-level", "debug"])
         .env("PATH", &path)
@@ -577,7 +595,7 @@ fn which(cmd: &str) -> bool {
 }
 
 /// Every file (not directory) under `dir`.
-fn walk(dir: &Path) -> Vec<PathBuf> {
+pub fn walk(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {

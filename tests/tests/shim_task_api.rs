@@ -1,27 +1,35 @@
 //! The task API calls the other end-to-end suites do not reach, through
 //! containerd 1.6 and `ctr` as a user drives them: Stats (`ctr task
-//! metrics`), ResizePty (a terminal resize seen by `stty size`), CloseIO (stdin EOF reaches `cat`), Connect (containerd
-//! restarts and finds its task again) and Shutdown (the shim and its VMM go
-//! after delete). Run inside hack/testhost (or on a host with hardware
-//! KVM).
+//! metrics`), Update (sent to the shim's ttrpc socket, as ctr 1.6 has no
+//! `task update`), ResizePty (a terminal resize seen by `stty size`),
+//! CloseIO (stdin EOF reaches `cat`), Connect (containerd restarts and
+//! finds its task again), Shutdown (the shim and its VMM go after delete),
+//! and a rootfs that is a block device (containerd's devmapper snapshotter
+//! on a thin pool over loop devices) passed through to the guest. Run
+//! inside hack/testhost (or on a host with hardware KVM).
 
 #![allow(clippy::unwrap_used)]
 
 use std::io::Read;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use burrow_tests::containerd::{process_running, run, wait_output, Containerd};
+use burrow_tests::containerd::{
+    process_running, run, wait_output, walk, Containerd, NESTED_CONFIG,
+};
+use burrow_tests::devmapper::{command, host, is_block_device, ThinPool};
+use containerd_shim_protos::protobuf::well_known_types::any::Any;
+use containerd_shim_protos::{api, ttrpc, TaskClient};
 
 /// Nested guests boot slowly (QEMU TCG): allow minutes (a container starts
 /// in about 15 s there), assert no timings.
 const LONG: Duration = Duration::from_secs(300);
 const CLEAN: Duration = Duration::from_secs(60);
 const MIB: u64 = 1 << 20;
-
 
 /// Progress on stderr (seen with --nocapture in the test host's log).
 fn step(what: &str) {
@@ -88,7 +96,7 @@ fn metrics(c: &Containerd, id: &str) -> Metrics {
 }
 
 #[test]
-fn metrics_are_the_guests() {
+fn metrics_are_the_guests_and_update_is_refused_clearly() {
     let c = containerd("stats");
     let id = "t-stats";
     run_detached(&c, &[], id, &["sleep", "100000"]);
@@ -162,9 +170,108 @@ fn metrics_are_the_guests() {
         "a 3 s busy loop must add at least 1 s of CPU time: before {m2:?}, after {m3:?}"
     );
 
-    // Update is not checked here: containerd 1.6.20's ctr has no `task
-    // update` ("No help topic for 'update'").
+    update_is_refused_and_changes_nothing(&c, id, m3);
     kill_and_remove(&c, id);
+}
+
+/// Send `UpdateTaskRequest { id, resources, annotations }` to the shim of
+/// task `task` over its ttrpc socket, as containerd does for `ctr task
+/// update` in later versions (containerd 1.6.20's ctr has no `task
+/// update`).
+fn update(
+    c: &Containerd,
+    task: &str,
+    id: &str,
+    resources: Option<(&str, &[u8])>,
+    annotations: &[(&str, &str)],
+) -> ttrpc::Result<()> {
+    let client = ttrpc::Client::connect(&c.shim_address(task)).unwrap();
+    let client = TaskClient::new(client);
+    let req = api::UpdateTaskRequest {
+        id: id.into(),
+        resources: resources
+            .map(|(type_url, value)| Any {
+                type_url: type_url.into(),
+                value: value.to_vec(),
+                ..Default::default()
+            })
+            .into(),
+        annotations: annotations
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..Default::default()
+    };
+    let ctx = ttrpc::context::with_timeout(Duration::from_secs(60).as_nanos() as i64);
+    client.update(ctx, &req).map(|_| ())
+}
+
+/// What the container sees of its VM's size: `MemTotal: N kB` and `nproc`.
+fn guest_size(c: &Containerd, id: &str, exec_id: &str) -> String {
+    c.exec_ok(
+        id,
+        exec_id,
+        &["sh", "-c", "grep MemTotal /proc/meminfo; nproc"],
+    )
+}
+
+/// Update: a VM's vCPUs and memory are fixed when it boots (no hotplug), so
+/// an update of resources is refused saying so, a malformed one too, and
+/// the guest keeps its size; an update of annotations alone is accepted.
+fn update_is_refused_and_changes_nothing(c: &Containerd, id: &str, before: Metrics) {
+    const LINUX_RESOURCES: &str =
+        "types.containerd.io/opencontainers/runtime-spec/1/LinuxResources";
+    step("update through the shim's task API");
+    let size = guest_size(c, id, "size-before");
+    let refusals = [
+        (
+            "memory limit and CPU shares and quota",
+            (
+                LINUX_RESOURCES,
+                &br#"{"memory":{"limit":134217728},"cpu":{"shares":512,"quota":50000,"period":100000}}"#[..],
+            ),
+        ),
+        ("malformed resources", (LINUX_RESOURCES, &b"{\"memory\": [not json"[..])),
+        ("resources of an unknown type", ("example.com/Nonsense", &b"\x01\x02"[..])),
+    ];
+    for (what, resources) in refusals {
+        let err = update(c, id, id, Some(resources), &[]).expect_err(what);
+        let ttrpc::Error::RpcStatus(s) = &err else {
+            panic!("{what}: not a status error: {err:?}");
+        };
+        assert_eq!(s.code(), ttrpc::Code::UNIMPLEMENTED, "{what}: {s:?}");
+        assert!(
+            s.message.contains(&format!(
+                "updating the resources of task {id} is not supported"
+            )) && s.message.contains("fixed when it boots"),
+            "{what}: the refusal must say why: {s:?}"
+        );
+    }
+    let err = update(c, id, "no-such-task", Some(refusals[0].1), &[]).expect_err("unknown task");
+    assert!(
+        matches!(&err, ttrpc::Error::RpcStatus(s) if s.code() == ttrpc::Code::NOT_FOUND),
+        "an update of an unknown task is NOT_FOUND: {err:?}"
+    );
+    update(c, id, id, None, &[("io.burrow.test", "annotated")])
+        .expect("an update of annotations alone is accepted");
+
+    // Nothing changed: the task runs, and the guest has the same memory
+    // and CPUs, as the container and `ctr task metrics` see them.
+    assert_eq!(
+        c.task_status(id).as_deref(),
+        Some("RUNNING"),
+        "refused updates leave the task running"
+    );
+    assert_eq!(
+        guest_size(c, id, "size-after"),
+        size,
+        "the container sees the VM's size unchanged"
+    );
+    let after = metrics(c, id);
+    assert_eq!(
+        after.memory_limit, before.memory_limit,
+        "the memory limit is unchanged: before {before:?}, after {after:?}"
+    );
 }
 
 /// `ctr ARGS` on a terminal this test holds the other side of, as a
@@ -476,4 +583,110 @@ fn containerd_restart_reconnects_and_delete_shuts_the_shim_down() {
         state.display()
     );
     c.assert_clean(CLEAN);
+}
+
+#[test]
+fn a_block_device_snapshot_is_the_containers_disk() {
+    let pool = ThinPool::create(&format!("burrow-test-pool-{}", std::process::id()));
+    step("thin pool ready");
+    let c = Containerd::start_with("devmapper", NESTED_CONFIG, &pool.containerd_config());
+    let id = "t-dm";
+    run_detached(
+        &c,
+        &["--snapshotter", "devmapper"],
+        id,
+        &[
+            "sh",
+            "-c",
+            "echo written-in-the-guest > /persisted && sync && sleep 100000",
+        ],
+    );
+    // The VMM was given the snapshot's device itself, not an image copy.
+    step("devmapper container runs");
+    let vmm = c.vmm_pid(id);
+    let cmdline = std::fs::read(format!("/proc/{vmm}/cmdline")).unwrap();
+    let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+    let device_prefix = format!("/dev/mapper/{}-snap-", pool.name);
+    let disk = cmdline
+        .split_whitespace()
+        .skip_while(|a| *a != "--disk")
+        .nth(1)
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        disk.starts_with(&device_prefix) && is_block_device(Path::new(&disk)),
+        "burrow-vmm's disk must be the devmapper snapshot's device: {cmdline}"
+    );
+    let images: Vec<_> = walk(&c.burrow_state())
+        .into_iter()
+        .filter(|f| f.display().to_string().ends_with(".rootfs.img"))
+        .collect();
+    assert!(
+        images.is_empty(),
+        "no rootfs image is built for a block-device snapshot: {images:?}"
+    );
+
+    // The container sees the image's files and its own write, on its disk.
+    let out = c.exec_ok(
+        id,
+        "look",
+        &[
+            "sh",
+            "-c",
+            "cat /persisted; ls /bin/busybox; grep ' / ' /proc/mounts",
+        ],
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.first(), Some(&"written-in-the-guest"), "{out}");
+    assert_eq!(
+        lines.get(1),
+        Some(&"/bin/busybox"),
+        "the image's files are there: {out}"
+    );
+    assert!(
+        lines
+            .get(2)
+            .is_some_and(|l| l.starts_with("/dev/vda / ext4 rw")),
+        "the root is the passed-through ext4 disk, writable: {out}"
+    );
+    assert_eq!(c.ctr(&["task", "kill", "-s", "SIGKILL", id]).code, Some(0));
+    c.wait_status(id, "STOPPED", LONG);
+    assert_eq!(c.ctr(&["task", "delete", id]).code, Some(0));
+
+    // The write landed in the container's snapshot, the very device the VMM
+    // had: mount it on the host and look.
+    step("mount the snapshot on the host");
+    let target = c.dir.join("snapshot-mount");
+    std::fs::create_dir_all(&target).unwrap();
+    let target_s = target.display().to_string();
+    let m = c.ctr(&[
+        "snapshots",
+        "--snapshotter",
+        "devmapper",
+        "mounts",
+        &target_s,
+        id,
+    ]);
+    assert_eq!(m.code, Some(0), "{m:?}");
+    // "mount -t ext4 /dev/mapper/NAME TARGET -o ..."
+    let words: Vec<&str> = m.stdout.split_whitespace().collect();
+    assert_eq!(
+        words.get(3).copied(),
+        Some(disk.as_str()),
+        "the container's snapshot is the device burrow-vmm had: {m:?}"
+    );
+    host(command(&[
+        "mount", "-o", "ro", "-t", "ext4", &disk, &target_s,
+    ]));
+    let persisted = std::fs::read_to_string(target.join("persisted"));
+    host(command(&["umount", &target_s]));
+    assert_eq!(
+        persisted.ok().as_deref(),
+        Some("written-in-the-guest\n"),
+        "the guest's write must be in the snapshot after the task is gone"
+    );
+    assert_eq!(c.ctr(&["containers", "rm", id]).code, Some(0));
+    c.assert_clean(CLEAN);
+    drop(c);
+    drop(pool);
 }

@@ -63,9 +63,9 @@ pub fn check_restore(opts: &RestoreConfig, state: &MicrovmState) -> Result<(), V
     }
     for (i, b) in disks.iter().enumerate() {
         let path = opts.disks.get(i).unwrap_or(&b.path);
-        let len = std::fs::metadata(path)
-            .map_err(|e| VmmError::Restore(format!("disk {}: {e}", path.display())))?
-            .len();
+        let len = std::fs::File::open(path)
+            .and_then(|f| crate::devices::virtio::block::disk_bytes(&f))
+            .map_err(|e| VmmError::Restore(format!("disk {}: {e}", path.display())))?;
         let want = b.capacity.saturating_mul(crate::devices::virtio::block::SECTOR_SIZE);
         if len != want {
             return Err(VmmError::Restore(format!(

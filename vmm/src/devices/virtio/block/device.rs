@@ -64,6 +64,15 @@ pub(crate) struct Request {
     pub status: GuestAddress,
 }
 
+/// Size in bytes of a disk: an image file or a block device (whose
+/// metadata length is 0, so it is measured by seeking to its end).
+pub fn disk_bytes(disk: &File) -> std::io::Result<u64> {
+    let mut disk = disk;
+    let len = disk.seek(SeekFrom::End(0))?;
+    disk.seek(SeekFrom::Start(0))?;
+    Ok(len)
+}
+
 pub struct Block {
     pub(super) path: PathBuf,
     pub(super) disk: File,
@@ -84,13 +93,10 @@ impl Block {
                 path: path.display().to_string(),
                 source,
             })?;
-        let len = disk
-            .metadata()
-            .map_err(|source| BlockError::Open {
-                path: path.display().to_string(),
-                source,
-            })?
-            .len();
+        let len = disk_bytes(&disk).map_err(|source| BlockError::Open {
+            path: path.display().to_string(),
+            source,
+        })?;
         if len % SECTOR_SIZE != 0 {
             return Err(BlockError::Size(path.display().to_string()));
         }

@@ -1,8 +1,9 @@
-//! virtio-blk backed by a raw image file, read-only or read-write, with flush.
+//! virtio-blk backed by a raw image file or a block device, read-only or
+//! read-write, with flush.
 
 mod device;
 pub mod persist;
 #[cfg(test)]
 mod tests;
 
-pub use device::{Block, BlockError, SECTOR_SIZE};
+pub use device::{disk_bytes, Block, BlockError, SECTOR_SIZE};

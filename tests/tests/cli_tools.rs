@@ -54,6 +54,52 @@ fn cli_tools_exec_files_edit_paging_and_wake_from_hibernation() {
     ok(&c, "exec with --cwd and --env", &r);
     assert_eq!(r.stdout, "hello from /tmp\n", "{r:?}");
 
+    // A flood is capped to its head and tail, and says what was cut.
+    let r = c.burrow(&[
+        "exec",
+        ID,
+        "--",
+        "sh",
+        "-c",
+        "head -c 1000000 /dev/zero | tr '\\0' a",
+    ]);
+    ok(&c, "exec a flood", &r);
+    assert!(
+        r.stdout.len() < 34_000,
+        "{} bytes came through",
+        r.stdout.len()
+    );
+    assert!(
+        r.stdout.contains("[... 967232 bytes cut ...]"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stdout.starts_with("aaaa") && r.stdout.ends_with("aaaa"));
+    assert!(r.stderr.contains("967232 bytes of stdout cut"), "{r:?}");
+    // A command past its timeout is killed: status 124, its output so far.
+    let r = c.burrow(&[
+        "exec",
+        ID,
+        "--timeout",
+        "10",
+        "--",
+        "sh",
+        "-c",
+        "echo started; exec sleep 1000",
+    ]);
+    assert_eq!(r.code, Some(124), "{r:?}\n{}", c.diagnostics());
+    assert_eq!(r.stdout, "started\n", "{r:?}");
+    assert!(r.stderr.contains("killed after 10 s"), "{r:?}");
+    // A sandbox that does not exist: one clear line, burrow's own status.
+    let r = c.burrow(&["exec", "t-nosuch", "--", "true"]);
+    assert_eq!(r.code, Some(125), "{r:?}");
+    assert!(
+        r.stderr.starts_with("burrow exec:")
+            && r.stderr.contains("t-nosuch")
+            && r.stderr.lines().count() == 1,
+        "{r:?}"
+    );
+
     // write + read round trip; the file is in the container for its own
     // processes too.
     let text = "one\ntwo\nthree\n";

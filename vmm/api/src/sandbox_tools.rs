@@ -29,7 +29,7 @@ pub const MAX_READ_SCAN: u64 = 64 << 20;
 pub const MAX_WRITE: usize = 1 << 20;
 /// Most bytes of each output stream `exec` returns: the first and the last
 /// half of it, with a marker saying how much was cut between.
-pub const MAX_EXEC_OUTPUT: usize = 64 * 1024;
+pub const MAX_EXEC_OUTPUT: usize = 32 * 1024;
 /// Most entries one `ls` returns.
 pub const MAX_LS_ENTRIES: u32 = 1000;
 /// `exec`'s timeout when none is given, and the longest one taken.

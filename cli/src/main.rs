@@ -4,6 +4,7 @@ mod check;
 mod containerd_config;
 mod install;
 mod sandbox;
+mod tools;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -31,6 +32,21 @@ enum Command {
         #[arg(long)]
         source: Option<std::path::PathBuf>,
     },
+    /// Run a command in a sandbox's container (waking it if it hibernates);
+    /// prints its output (each stream capped, the cut said) and exits with
+    /// its status (124: killed at --timeout; 125: burrow failed).
+    Exec(tools::ExecArgs),
+    /// Print lines of a file in a sandbox's container, at most 500 per call;
+    /// says on stderr which lines were shown and how many remain.
+    Read(tools::ReadArgs),
+    /// Replace a file in a sandbox's container atomically with stdin (text,
+    /// at most 1 MiB; its mode is kept, missing parents are made).
+    Write(tools::PathArgs),
+    /// List a directory in a sandbox's container.
+    Ls(tools::PathArgs),
+    /// Replace the one occurrence of --old with --new in a file in a
+    /// sandbox's container; none or several occurrences change nothing.
+    Edit(tools::EditArgs),
     /// Sandbox lifecycle: list, hibernate, wake, checkpoint (through each
     /// shim's control socket).
     Sandbox {
@@ -61,9 +77,26 @@ enum SandboxVerb {
     Checkpoint { id: String, name: String },
 }
 
+/// Run tool verb `name`; on failure, say why on one line and exit with
+/// `failed` (the verb's own status otherwise).
+fn tool(name: &str, failed: i32, run: impl FnOnce() -> Result<i32>) -> ! {
+    match run() {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("burrow {name}: {e:#}");
+            std::process::exit(failed)
+        }
+    }
+}
+
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
+        Command::Exec(a) => tool("exec", 125, || tools::exec(a)),
+        Command::Read(a) => tool("read", 1, || tools::read(a)),
+        Command::Write(a) => tool("write", 1, || tools::write(a)),
+        Command::Ls(a) => tool("ls", 1, || tools::ls(a)),
+        Command::Edit(a) => tool("edit", 1, || tools::edit(a)),
         Command::Check => {
             let facts = check::Facts::gather();
             print!("{}", check::report(&facts));
@@ -116,5 +149,88 @@ fn main() -> Result<()> {
             }
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Command, clap::Error> {
+        Cli::try_parse_from(std::iter::once("burrow").chain(args.iter().copied()))
+            .map(|c| c.command)
+    }
+
+    #[test]
+    fn tool_verbs_parse() {
+        let Command::Exec(a) = parse(&[
+            "exec",
+            "c1",
+            "--cwd",
+            "/tmp",
+            "-e",
+            "A=1",
+            "--env",
+            "B=2",
+            "--timeout",
+            "9",
+            "--",
+            "sh",
+            "-c",
+            "echo hi; exit 3",
+        ])
+        .unwrap() else {
+            panic!("not exec")
+        };
+        assert_eq!(a.target.id, "c1");
+        assert_eq!(a.target.namespace, "default");
+        assert_eq!(a.cwd.as_deref(), Some("/tmp"));
+        assert_eq!(a.env, ["A=1", "B=2"]);
+        assert_eq!(a.timeout, 9);
+        assert_eq!(a.cmd, ["sh", "-c", "echo hi; exit 3"]);
+        // Options of the command after `--` are its own.
+        let Command::Exec(a) = parse(&["exec", "c1", "--", "ls", "-l", "--timeout"]).unwrap()
+        else {
+            panic!("not exec")
+        };
+        assert_eq!(a.cmd, ["ls", "-l", "--timeout"]);
+        assert_eq!(
+            a.timeout,
+            burrow_vmm_api::sandbox_tools::DEFAULT_EXEC_TIMEOUT_SECS
+        );
+        assert!(parse(&["exec", "c1"]).is_err(), "no command");
+        assert!(parse(&["exec", "c1", "-e", "NOEQ", "--", "true"]).is_err());
+        assert!(parse(&["exec", "c1", "--timeout", "0", "--", "true"]).is_err());
+
+        let Command::Read(r) =
+            parse(&["read", "-n", "k8s", "c1", "/etc/passwd", "--lines", "501:"]).unwrap()
+        else {
+            panic!("not read")
+        };
+        assert_eq!(
+            (r.target.namespace.as_str(), r.path.as_str()),
+            ("k8s", "/etc/passwd")
+        );
+        assert_eq!(r.lines.map(|l| (l.first, l.last)), Some((501, None)));
+        assert!(parse(&["read", "c1", "/a", "--lines", "5:2"]).is_err());
+
+        let Command::Edit(e) = parse(&["edit", "c1", "/a", "--old", "-x", "--new", "y"]).unwrap()
+        else {
+            panic!("not edit")
+        };
+        assert_eq!((e.old.as_str(), e.new.as_str()), ("-x", "y"));
+        assert!(
+            parse(&["edit", "c1", "/a", "--old", "x"]).is_err(),
+            "--new is required"
+        );
+        assert!(matches!(
+            parse(&["ls", "c1", "/tmp"]).unwrap(),
+            Command::Ls(_)
+        ));
+        assert!(matches!(
+            parse(&["write", "c1", "/tmp/a"]).unwrap(),
+            Command::Write(_)
+        ));
     }
 }

@@ -13,6 +13,7 @@ pub mod shim;
 pub mod spec;
 pub mod stdio;
 pub mod task;
+pub mod tools;
 pub mod vm;
 
 /// Whether `name` is safe as one path component: 1..=`max` bytes of

@@ -361,15 +361,32 @@ impl Containerd {
 
     /// Run the `burrow` CLI with this containerd's burrow config.
     pub fn burrow(&self, args: &[&str]) -> Run {
+        self.burrow_with(args, None)
+    }
+
+    /// Run the `burrow` CLI with this containerd's burrow config, feeding
+    /// `stdin` if given.
+    pub fn burrow_with(&self, args: &[&str], stdin: Option<&[u8]>) -> Run {
         let start = Instant::now();
-        let child = Command::new(crate::workspace_bin("burrow"))
+        let mut child = Command::new(crate::workspace_bin("burrow"))
             .args(args)
             .env("BURROW_CONFIG", self.dir.join("burrow.toml"))
-            .stdin(Stdio::null())
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .expect("run burrow");
+        if let Some(data) = stdin {
+            let mut w = child.stdin.take().expect("burrow stdin");
+            let data = data.to_vec();
+            std::thread::spawn(move || {
+                let _ = w.write_all(&data);
+            });
+        }
         let (out, killed) = wait_output(child, Duration::from_secs(600));
         Run::from(out, start.elapsed(), killed)
     }

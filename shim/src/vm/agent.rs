@@ -472,6 +472,85 @@ impl Agent {
         .map(drop)
     }
 
+    /// Up to `max` bytes of file `path` in container `id` from `offset`:
+    /// (data, the file's size, whether the end was reached).
+    pub async fn read_file(
+        &self,
+        id: &str,
+        path: &str,
+        offset: u64,
+        max: usize,
+    ) -> Result<(Vec<u8>, u64, bool)> {
+        let max = max.min(burrow_protocol::MAX_CHUNK);
+        let req = pb::ReadFileRequest {
+            container_id: id.into(),
+            path: path.into(),
+            offset,
+            max_bytes: u32::try_from(max).unwrap_or(0),
+            ..Default::default()
+        };
+        let r = self
+            .call("ReadFile", self.client.read_file(Self::ctx(), &req))
+            .await?;
+        if r.data.len() > max {
+            return Err(SandboxError::Internal(format!(
+                "agent sent {} bytes of a file for a {max}-byte read",
+                r.data.len()
+            )));
+        }
+        Ok((r.data, r.size, r.eof))
+    }
+
+    /// Replace file `path` in container `id` atomically with `data`
+    /// (permission bits `mode`, 0 for 0644), making missing parents.
+    pub async fn write_file(&self, id: &str, path: &str, data: &[u8], mode: u32) -> Result<()> {
+        let req = pb::WriteFileRequest {
+            container_id: id.into(),
+            path: path.into(),
+            data: data.to_vec(),
+            mode,
+            append: false,
+            make_parents: true,
+            ..Default::default()
+        };
+        self.call("WriteFile", self.client.write_file(Self::ctx(), &req))
+            .await
+            .map(drop)
+    }
+
+    /// Stat `path` in container `id` (not following a final symlink).
+    pub async fn stat(&self, id: &str, path: &str) -> Result<pb::FileInfo> {
+        let req = pb::PathRequest {
+            container_id: id.into(),
+            path: path.into(),
+            ..Default::default()
+        };
+        self.call("Stat", self.client.stat(Self::ctx(), &req)).await
+    }
+
+    /// At most `max` entries of directory `path` in container `id`, and
+    /// whether there were more.
+    pub async fn list_dir(
+        &self,
+        id: &str,
+        path: &str,
+        max: u32,
+    ) -> Result<(Vec<pb::FileInfo>, bool)> {
+        let req = pb::ListDirRequest {
+            container_id: id.into(),
+            path: path.into(),
+            max_entries: max,
+            ..Default::default()
+        };
+        let r = self
+            .call("ListDir", self.client.list_dir(Self::ctx(), &req))
+            .await?;
+        let over = r.entries.len() > usize::try_from(max).unwrap_or(usize::MAX);
+        let mut entries = r.entries;
+        entries.truncate(usize::try_from(max).unwrap_or(usize::MAX));
+        Ok((entries, r.truncated || over))
+    }
+
     pub async fn resize_pty(&self, id: &str, exec_id: &str, rows: u32, cols: u32) -> Result<()> {
         let req = pb::ResizePtyRequest {
             container_id: id.into(),

@@ -15,7 +15,8 @@
 //!   `{"ok":true,"state":PHASE}` (the lifecycle's phase name: `running`,
 //!   `paused`, `snapshotting`, `asleep`, ...; with `"dir"` for a
 //!   checkpoint) or `{"ok":false,"error":"..."}` (the `burrow sandbox`
-//!   verbs use it).
+//!   verbs use it). It also takes the tool requests of `burrow exec|read|
+//!   write|ls|edit` ([`super::tools`]), which wake the VM first.
 
 use std::time::{Duration, Instant};
 
@@ -122,22 +123,38 @@ async fn serve_control(me: std::sync::Weak<VmSandbox>, l: UnixListener) {
 }
 
 async fn handle_control(sb: &VmSandbox, s: UnixStream) -> std::io::Result<()> {
-    let (r, mut w) = s.into_split();
+    let (r, w) = s.into_split();
     let mut line = String::new();
     BufReader::new(r.take(MAX_REQUEST))
         .read_line(&mut line)
         .await?;
-    let result = match serde_json::from_str::<SandboxRequest>(line.trim()) {
-        Err(e) => Err(format!("bad request: {e}")),
-        Ok(req) => match req {
-            SandboxRequest::Hibernate => sb.hibernate().await.map(|()| None),
-            SandboxRequest::Wake => sb.wake().await.map(|()| None),
-            SandboxRequest::Status => Ok(None),
-            SandboxRequest::Checkpoint { name } => sb.checkpoint_named(&name).await.map(Some),
+    let answer = match serde_json::from_str::<SandboxRequest>(line.trim()) {
+        Err(_) if !line.ends_with('\n') && line.len() as u64 >= MAX_REQUEST => SandboxReply::new(
+            sb.vm.phase().name(),
+            Err(format!("request longer than {MAX_REQUEST} bytes")),
+        ),
+        Err(e) => SandboxReply::new(sb.vm.phase().name(), Err(format!("bad request: {e}"))),
+        Ok(req) => {
+            let result = match req {
+                SandboxRequest::Hibernate => sb.hibernate().await.map(|()| None),
+                SandboxRequest::Wake => sb.wake().await.map(|()| None),
+                SandboxRequest::Status => Ok(None),
+                SandboxRequest::Checkpoint { name } => sb.checkpoint_named(&name).await.map(Some),
+                tool => {
+                    let r = sb.tool(tool).await.map_err(|e| e.to_string());
+                    return reply(w, SandboxReply::tool(sb.vm.phase().name(), r)).await;
+                }
+            };
+            SandboxReply::new(sb.vm.phase().name(), result.map_err(|e| e.to_string()))
         }
-        .map_err(|e| e.to_string()),
     };
-    let reply = SandboxReply::new(sb.vm.phase().name(), result);
-    w.write_all(&burrow_vmm_api::to_line(&reply)).await?;
+    reply(w, answer).await
+}
+
+async fn reply(
+    mut w: tokio::net::unix::OwnedWriteHalf,
+    answer: SandboxReply,
+) -> std::io::Result<()> {
+    w.write_all(&burrow_vmm_api::to_line(&answer)).await?;
     w.shutdown().await
 }

@@ -26,6 +26,7 @@ pub mod named;
 pub mod rootfs;
 pub mod snapshot;
 pub mod sparse;
+pub mod tools;
 pub mod vmm;
 
 use std::collections::HashMap;

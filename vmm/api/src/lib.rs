@@ -16,6 +16,7 @@ pub mod error;
 pub mod layout;
 pub mod messages;
 pub mod sandbox_control;
+pub mod sandbox_tools;
 
 pub use args::{Cli, DiskArg, VmmArgs, VmmCommand, BASE_CMDLINE, DEFAULT_LOG_MAX, DEFAULT_SERIAL_LOG_MAX};
 pub use error::{ApiError, ErrorKind};

@@ -9,6 +9,9 @@
 //! {"cmd":"wake"}                       -> {"ok":false,"state":"running","error":"..."}
 //! ```
 //!
+//! The tool requests (`exec`, `read`, `write`, `ls`, `edit`) and their
+//! `"tool"` results are in [`crate::sandbox_tools`].
+//!
 //! It lives here (not in burrow-protocol, the agent's ttrpc protocol) because
 //! it is a host-only protocol between two host programs that already link
 //! this crate; the CLI needs no protobuf or ttrpc for it.
@@ -17,12 +20,17 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::sandbox_tools::{
+    EditRequest, ExecRequest, LsRequest, ReadRequest, ToolReply, WriteRequest, MAX_WRITE,
+};
+
 /// The control socket's file name in a sandbox's state directory.
 pub const CONTROL_SOCKET: &str = "control.sock";
-/// Longest request line the shim reads.
-pub const MAX_REQUEST: u64 = 4096;
-/// Longest reply line the CLI reads.
-pub const MAX_REPLY: u64 = 64 * 1024;
+/// Longest request line the shim reads: a `write` of [`MAX_WRITE`] bytes,
+/// JSON-escaped (at most 6 bytes each), and room for the rest.
+pub const MAX_REQUEST: u64 = (MAX_WRITE as u64) * 6 + 64 * 1024;
+/// Longest reply line the CLI reads: a tool's capped result, JSON-escaped.
+pub const MAX_REPLY: u64 = 8 << 20;
 
 /// The control socket of the sandbox whose state directory is `dir`.
 pub fn control_socket(dir: &Path) -> PathBuf {
@@ -40,6 +48,16 @@ pub enum SandboxRequest {
     Wake,
     /// Write named checkpoint `name` (the sandbox runs on).
     Checkpoint { name: String },
+    /// Run a command in the container (waking the VM first).
+    Exec(ExecRequest),
+    /// Read lines of a file in the container.
+    Read(ReadRequest),
+    /// Replace a file in the container atomically.
+    Write(WriteRequest),
+    /// List a directory in the container.
+    Ls(LsRequest),
+    /// Replace one unique string in a file in the container.
+    Edit(EditRequest),
 }
 
 impl SandboxRequest {
@@ -50,6 +68,11 @@ impl SandboxRequest {
             Self::Hibernate => "hibernate",
             Self::Wake => "wake",
             Self::Checkpoint { .. } => "checkpoint",
+            Self::Exec(_) => "exec",
+            Self::Read(_) => "read",
+            Self::Write(_) => "write",
+            Self::Ls(_) => "ls",
+            Self::Edit(_) => "edit",
         }
     }
 }
@@ -66,6 +89,9 @@ pub struct SandboxReply {
     pub dir: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// A tool request's result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<ToolReply>,
 }
 
 impl SandboxReply {
@@ -78,13 +104,33 @@ impl SandboxReply {
                 state: state.into(),
                 dir,
                 error: None,
+                tool: None,
             },
-            Err(e) => Self {
-                ok: false,
+            Err(e) => Self::failed(state, e),
+        }
+    }
+
+    /// The reply to a tool request that ended with `result`.
+    pub fn tool(state: &str, result: Result<ToolReply, String>) -> Self {
+        match result {
+            Ok(t) => Self {
+                ok: true,
                 state: state.into(),
                 dir: None,
-                error: Some(e),
+                error: None,
+                tool: Some(t),
             },
+            Err(e) => Self::failed(state, e),
+        }
+    }
+
+    fn failed(state: &str, error: String) -> Self {
+        Self {
+            ok: false,
+            state: state.into(),
+            dir: None,
+            error: Some(error),
+            tool: None,
         }
     }
 }
@@ -119,6 +165,38 @@ mod tests {
             serde_json::to_string(&refused).unwrap(),
             r#"{"ok":false,"state":"asleep","error":"no"}"#
         );
+        let exec = SandboxRequest::Exec(ExecRequest {
+            args: vec!["sh".into(), "-c".into(), "exit 3".into()],
+            cwd: None,
+            env: vec!["A=1".into()],
+            timeout_secs: 5,
+        });
+        let line = crate::to_line(&exec);
+        assert_eq!(
+            line,
+            b"{\"cmd\":\"exec\",\"args\":[\"sh\",\"-c\",\"exit 3\"],\"env\":[\"A=1\"],\"timeout_secs\":5}\n"
+        );
+        assert_eq!(
+            serde_json::from_slice::<SandboxRequest>(&line).unwrap(),
+            exec
+        );
+        // A read without lines reads from line 1.
+        assert_eq!(
+            serde_json::from_str::<SandboxRequest>(r#"{"cmd":"read","path":"/a"}"#).unwrap(),
+            SandboxRequest::Read(ReadRequest {
+                path: "/a".into(),
+                lines: crate::sandbox_tools::LineRange::default()
+            })
+        );
+        assert!(serde_json::from_str::<SandboxRequest>(r#"{"cmd":"edit","path":"/a"}"#).is_err());
+        let wrote = SandboxReply::tool("running", Ok(ToolReply::Write { bytes: 3 }));
+        assert_eq!(
+            serde_json::to_string(&wrote).unwrap(),
+            r#"{"ok":true,"state":"running","tool":{"tool":"write","bytes":3}}"#
+        );
+        let back: SandboxReply =
+            serde_json::from_str(&serde_json::to_string(&wrote).unwrap()).unwrap();
+        assert_eq!(back, wrote);
         assert_eq!(
             control_socket(Path::new("/run/burrow/default/s1")),
             PathBuf::from("/run/burrow/default/s1/control.sock")

@@ -1,0 +1,362 @@
+//! `burrow exec|read|write|ls|edit ID ...`: a sandbox's tools from the host,
+//! through its shim's control socket (the requests are in burrow-vmm-api's
+//! `sandbox_tools`). A hibernated sandbox wakes for them. What the guest
+//! sends back is bounded by the shim; this side prints it, says what was
+//! cut or remains (on stderr), and exits with the command's status for
+//! `exec`.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use burrow_vmm_api::sandbox_control::SandboxRequest;
+use burrow_vmm_api::sandbox_tools::{
+    EditRequest, ExecOutput, ExecRequest, LineRange, LsOutput, LsRequest, ReadOutput, ReadRequest,
+    ToolReply, WriteRequest, DEFAULT_EXEC_TIMEOUT_SECS, MAX_EXEC_OUTPUT, MAX_EXEC_TIMEOUT_SECS,
+    MAX_READ_LINES, MAX_READ_SCAN, MAX_WRITE,
+};
+
+use crate::sandbox;
+
+/// How long a tool request may take beyond its own work: waking a
+/// hibernated VM on a slow disk.
+const WAKE_ALLOWANCE: Duration = Duration::from_secs(600);
+
+/// The sandbox a tool verb addresses.
+#[derive(clap::Args, Debug)]
+pub struct Target {
+    /// The container's id (its sandbox's, for `ctr run`).
+    pub id: String,
+    /// The shims' state directory (default: `state_dir` from the burrow
+    /// config, else /run/burrow).
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// containerd namespace.
+    #[arg(long, short = 'n', default_value = "default")]
+    pub namespace: String,
+}
+
+impl Target {
+    /// Send `req`; the tool's result.
+    fn ask(&self, req: &SandboxRequest, timeout: Duration) -> Result<ToolReply> {
+        let root = self
+            .state_dir
+            .clone()
+            .unwrap_or_else(sandbox::state_dir_from_config);
+        let dir = sandbox::sandbox_dir(&root, &self.namespace, &self.id)?;
+        let reply = sandbox::request(&dir, req, timeout)?;
+        reply
+            .tool
+            .context("the shim answered without a result (is it older than this CLI?)")
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ExecArgs {
+    #[command(flatten)]
+    pub target: Target,
+    /// Working directory in the container.
+    #[arg(long)]
+    pub cwd: Option<String>,
+    /// Add KEY=VALUE to the command's environment (repeatable).
+    #[arg(long = "env", short = 'e', value_parser = parse_env)]
+    pub env: Vec<String>,
+    /// Kill the command after this many seconds (exit status 124).
+    #[arg(long, default_value_t = DEFAULT_EXEC_TIMEOUT_SECS,
+          value_parser = clap::value_parser!(u64).range(1..=MAX_EXEC_TIMEOUT_SECS))]
+    pub timeout: u64,
+    /// The command and its arguments (after `--`).
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    pub cmd: Vec<String>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ReadArgs {
+    #[command(flatten)]
+    pub target: Target,
+    /// File in the container.
+    pub path: String,
+    /// Lines A:B (1-based, inclusive; A: to the end, :B from the start), at
+    /// most 500 per call.
+    #[arg(long, value_parser = parse_lines)]
+    pub lines: Option<LineRange>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct PathArgs {
+    #[command(flatten)]
+    pub target: Target,
+    /// Path in the container.
+    pub path: String,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct EditArgs {
+    #[command(flatten)]
+    pub target: Target,
+    /// File in the container.
+    pub path: String,
+    /// The exact text to replace; it must occur exactly once.
+    #[arg(long, allow_hyphen_values = true)]
+    pub old: String,
+    /// What replaces it.
+    #[arg(long, allow_hyphen_values = true)]
+    pub new: String,
+}
+
+fn parse_env(s: &str) -> std::result::Result<String, String> {
+    match s.split_once('=') {
+        Some((k, _)) if !k.is_empty() => Ok(s.to_string()),
+        _ => Err(format!("{s:?} is not KEY=VALUE")),
+    }
+}
+
+fn parse_lines(s: &str) -> std::result::Result<LineRange, String> {
+    s.parse()
+}
+
+/// `burrow exec`: the command's exit status.
+pub fn exec(a: ExecArgs) -> Result<i32> {
+    let req = SandboxRequest::Exec(ExecRequest {
+        args: a.cmd,
+        cwd: a.cwd,
+        env: a.env,
+        timeout_secs: a.timeout,
+    });
+    let limit = Duration::from_secs(a.timeout) + WAKE_ALLOWANCE;
+    let ToolReply::Exec(out) = a.target.ask(&req, limit)? else {
+        bail!("the shim answered exec with another tool's result");
+    };
+    std::io::stdout().write_all(out.stdout.as_bytes())?;
+    std::io::stdout().flush()?;
+    let mut err = std::io::stderr();
+    err.write_all(out.stderr.as_bytes())?;
+    for note in exec_notes(&out, a.timeout) {
+        writeln!(err, "burrow: {note}")?;
+    }
+    Ok(out.status())
+}
+
+/// What `exec` says about its output and status besides the output.
+pub fn exec_notes(out: &ExecOutput, timeout: u64) -> Vec<String> {
+    let mut notes = Vec::new();
+    let half = MAX_EXEC_OUTPUT / 2 / 1024;
+    for (name, cut) in [("stdout", out.stdout_cut), ("stderr", out.stderr_cut)] {
+        if cut > 0 {
+            notes.push(format!(
+                "{cut} bytes of {name} cut (its first and last {half} KiB are shown)"
+            ));
+        }
+    }
+    if out.output_open {
+        notes.push(
+            "the output was still open when the command exited (a background process holds it): later output is not shown"
+                .into(),
+        );
+    }
+    if out.timed_out {
+        notes.push(format!(
+            "killed after {timeout} s (--timeout): exit status 124"
+        ));
+    }
+    notes
+}
+
+/// `burrow read`.
+pub fn read(a: ReadArgs) -> Result<i32> {
+    let req = SandboxRequest::Read(ReadRequest {
+        path: a.path.clone(),
+        lines: a.lines.unwrap_or_default(),
+    });
+    let ToolReply::Read(out) = a.target.ask(&req, WAKE_ALLOWANCE)? else {
+        bail!("the shim answered read with another tool's result");
+    };
+    std::io::stdout().write_all(out.text.as_bytes())?;
+    std::io::stdout().flush()?;
+    eprintln!("{}", read_note(&a.path, &out));
+    Ok(0)
+}
+
+/// Which lines `read` showed and how many remain.
+pub fn read_note(path: &str, out: &ReadOutput) -> String {
+    let shown = if out.first == 0 {
+        "no lines".to_string()
+    } else {
+        format!("lines {}-{}", out.first, out.last)
+    };
+    let mut note = match (out.total, out.remaining()) {
+        (Some(total), Some(rem)) => format!("[{path}: {shown} of {total}, {rem} remain"),
+        _ => format!(
+            "[{path}: {shown}; more than {} MiB, its lines are not counted",
+            MAX_READ_SCAN >> 20
+        ),
+    };
+    if out.remaining() != Some(0) && out.first > 0 {
+        let next = out.last.saturating_add(1);
+        note.push_str(&format!(
+            "; next: --lines {next}:{}",
+            next.saturating_add(MAX_READ_LINES - 1)
+        ));
+    }
+    if out.line_cut {
+        note.push_str(&format!("; line {} is too long and was cut", out.last));
+    }
+    note.push(']');
+    note
+}
+
+/// `burrow write`: the file's new content from stdin.
+pub fn write(a: PathArgs) -> Result<i32> {
+    let content = read_stdin(MAX_WRITE)?;
+    let bytes = content.len();
+    let req = SandboxRequest::Write(WriteRequest {
+        path: a.path.clone(),
+        content,
+    });
+    a.target.ask(&req, WAKE_ALLOWANCE)?;
+    println!("wrote {bytes} bytes to {}", a.path);
+    Ok(0)
+}
+
+/// At most `max` bytes of UTF-8 text from stdin.
+fn read_stdin(max: usize) -> Result<String> {
+    let mut data = Vec::new();
+    std::io::stdin()
+        .take(max as u64 + 1)
+        .read_to_end(&mut data)
+        .context("reading stdin")?;
+    if data.len() > max {
+        bail!("stdin is longer than the {max} bytes one write carries");
+    }
+    String::from_utf8(data).context("stdin is not UTF-8 text (write takes text)")
+}
+
+/// `burrow ls`.
+pub fn ls(a: PathArgs) -> Result<i32> {
+    let req = SandboxRequest::Ls(LsRequest {
+        path: a.path.clone(),
+    });
+    let ToolReply::Ls(out) = a.target.ask(&req, WAKE_ALLOWANCE)? else {
+        bail!("the shim answered ls with another tool's result");
+    };
+    print!("{}", ls_text(&out));
+    if out.truncated {
+        eprintln!(
+            "[{}: only the first {} entries are listed]",
+            a.path,
+            out.entries.len()
+        );
+    }
+    Ok(0)
+}
+
+/// `ls -l`-like lines: mode, size, name (`/` after a directory, `-> target`
+/// after a symlink).
+pub fn ls_text(out: &LsOutput) -> String {
+    let mut text = String::new();
+    for e in &out.entries {
+        let suffix = match (&e.target, e.kind.as_str()) {
+            (Some(t), _) => format!(" -> {t}"),
+            (None, "dir") => "/".into(),
+            _ => String::new(),
+        };
+        text.push_str(&format!(
+            "{} {:>10} {}{suffix}\n",
+            e.mode_string(),
+            e.size,
+            e.name.escape_debug()
+        ));
+    }
+    text
+}
+
+/// `burrow edit`.
+pub fn edit(a: EditArgs) -> Result<i32> {
+    let req = SandboxRequest::Edit(EditRequest {
+        path: a.path.clone(),
+        old: a.old,
+        new: a.new,
+    });
+    let ToolReply::Edit { bytes, line } = a.target.ask(&req, WAKE_ALLOWANCE)? else {
+        bail!("the shim answered edit with another tool's result");
+    };
+    println!(
+        "edited {}: replaced at line {line} ({bytes} bytes now)",
+        a.path
+    );
+    Ok(0)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use burrow_vmm_api::sandbox_tools::DirEntry;
+
+    #[test]
+    fn notes_say_what_was_cut_and_what_remains() {
+        let out = ExecOutput {
+            stdout_cut: 10,
+            timed_out: true,
+            ..Default::default()
+        };
+        let notes = exec_notes(&out, 5).join("\n");
+        assert!(notes.contains("10 bytes of stdout cut"), "{notes}");
+        assert!(notes.contains("killed after 5 s"), "{notes}");
+        assert!(exec_notes(&ExecOutput::default(), 5).is_empty());
+
+        let page = ReadOutput {
+            first: 1,
+            last: 500,
+            total: Some(1200),
+            ..Default::default()
+        };
+        assert_eq!(
+            read_note("/n", &page),
+            "[/n: lines 1-500 of 1200, 700 remain; next: --lines 501:1000]"
+        );
+        let end = ReadOutput {
+            first: 1001,
+            last: 1200,
+            total: Some(1200),
+            ..Default::default()
+        };
+        assert_eq!(
+            read_note("/n", &end),
+            "[/n: lines 1001-1200 of 1200, 0 remain]"
+        );
+        let empty = ReadOutput {
+            total: Some(0),
+            ..Default::default()
+        };
+        assert_eq!(read_note("/e", &empty), "[/e: no lines of 0, 0 remain]");
+    }
+
+    #[test]
+    fn ls_marks_directories_and_links() {
+        let out = LsOutput {
+            entries: vec![
+                DirEntry {
+                    name: "bin".into(),
+                    kind: "dir".into(),
+                    size: 4096,
+                    mode: 0o755,
+                    target: None,
+                },
+                DirEntry {
+                    name: "sh".into(),
+                    kind: "symlink".into(),
+                    size: 7,
+                    mode: 0o777,
+                    target: Some("busybox".into()),
+                },
+            ],
+            truncated: false,
+        };
+        assert_eq!(
+            ls_text(&out),
+            "drwxr-xr-x       4096 bin/\nlrwxrwxrwx          7 sh -> busybox\n"
+        );
+    }
+}

@@ -1,0 +1,277 @@
+//! The tools the control socket offers a platform (`burrow exec|read|
+//! write|ls|edit`), on top of the [`Sandbox`] calls: what they need beyond
+//! forwarding one call to the guest. The VM side (which container, the
+//! file calls to its agent) is [`crate::vm::tools`].
+
+pub mod text;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use burrow_vmm_api::sandbox_tools::{ExecOutput, ExecRequest, MAX_EXEC_OUTPUT};
+
+use crate::sandbox::{ExecConfig, ExitStatus, Result, Sandbox, SandboxError, Stream};
+use text::Capped;
+
+/// How long a killed command may take to die.
+const KILL_GRACE: Duration = Duration::from_secs(30);
+/// How long output may take to reach its end once the command exited.
+const OUTPUT_GRACE: Duration = Duration::from_secs(5);
+
+/// The OCI process a tool's `exec` runs: the container's own `process`
+/// (user, environment, capabilities) with the request's arguments, working
+/// directory and extra environment, without a terminal.
+pub fn exec_process(
+    container_process: Option<&serde_json::Value>,
+    req: &ExecRequest,
+) -> Result<serde_json::Value> {
+    if req.args.is_empty() {
+        return Err(SandboxError::InvalidArgument("no command to run".into()));
+    }
+    let mut p = match container_process {
+        Some(serde_json::Value::Object(o)) => o.clone(),
+        _ => serde_json::Map::new(),
+    };
+    p.insert("args".into(), req.args.clone().into());
+    p.insert("terminal".into(), false.into());
+    p.remove("consoleSize");
+    if let Some(cwd) = &req.cwd {
+        if !cwd.starts_with('/') {
+            return Err(SandboxError::InvalidArgument(format!(
+                "the working directory {cwd:?} is not absolute"
+            )));
+        }
+        p.insert("cwd".into(), cwd.clone().into());
+    } else if !p.contains_key("cwd") {
+        p.insert("cwd".into(), "/".into());
+    }
+    let mut env: Vec<String> = p
+        .get("env")
+        .and_then(|e| e.as_array())
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default();
+    for kv in &req.env {
+        let key = match kv.split_once('=') {
+            Some((k, _)) if !k.is_empty() => k,
+            _ => {
+                return Err(SandboxError::InvalidArgument(format!(
+                    "environment entry {kv:?} is not KEY=VALUE"
+                )))
+            }
+        };
+        env.retain(|e| e.split_once('=').map_or(e.as_str(), |(k, _)| k) != key);
+        env.push(kv.clone());
+    }
+    p.insert("env".into(), env.into());
+    Ok(serde_json::Value::Object(p))
+}
+
+/// Run `process` as exec `exec_id` in container `id` of `sb`, collect its
+/// output (each stream capped to [`MAX_EXEC_OUTPUT`]), kill it at
+/// `timeout`, and forget it.
+pub async fn run_exec<S: Sandbox + ?Sized>(
+    sb: Arc<S>,
+    id: &str,
+    exec_id: &str,
+    process: serde_json::Value,
+    timeout: Duration,
+) -> Result<ExecOutput> {
+    let cfg = ExecConfig {
+        process,
+        stdin: false,
+    };
+    sb.exec_process(id, exec_id, &cfg).await?;
+    let out = Arc::new(Mutex::new(Capped::new(MAX_EXEC_OUTPUT)));
+    let err = Arc::new(Mutex::new(Capped::new(MAX_EXEC_OUTPUT)));
+    let drains = [(Stream::Stdout, &out), (Stream::Stderr, &err)].map(|(stream, buf)| {
+        tokio::spawn(drain(
+            sb.clone(),
+            id.to_string(),
+            exec_id.to_string(),
+            stream,
+            buf.clone(),
+        ))
+    });
+    let mut timed_out = false;
+    let status = match tokio::time::timeout(timeout, sb.wait(id, exec_id)).await {
+        Ok(st) => st,
+        Err(_) => {
+            timed_out = true;
+            let killed = sb.signal(id, exec_id, libc::SIGKILL as u32, false).await;
+            match tokio::time::timeout(KILL_GRACE, sb.wait(id, exec_id)).await {
+                Ok(st) => st,
+                Err(_) => Err(killed.err().unwrap_or_else(|| {
+                    SandboxError::Timeout("the command did not die when killed".into())
+                })),
+            }
+        }
+    };
+    let aborts = drains.each_ref().map(|d| d.abort_handle());
+    let complete = tokio::time::timeout(OUTPUT_GRACE, async {
+        let mut all = true;
+        for d in drains {
+            all &= matches!(d.await, Ok(Ok(())));
+        }
+        all
+    })
+    .await
+    .unwrap_or(false);
+    for a in aborts {
+        a.abort();
+    }
+    if status.is_ok() {
+        if let Err(e) = sb.delete_process(id, exec_id).await {
+            tracing::warn!("{id}/{exec_id}: forgetting a tool's exec: {e}");
+        }
+    }
+    let status = status?;
+    let take = |b: Arc<Mutex<Capped>>| {
+        std::mem::replace(
+            &mut *b.lock().unwrap_or_else(|p| p.into_inner()),
+            Capped::new(0),
+        )
+        .finish()
+    };
+    let (stdout, stdout_cut) = take(out);
+    let (stderr, stderr_cut) = take(err);
+    let (exit_code, signal) = match status {
+        ExitStatus::Code(c) => (Some(c), None),
+        ExitStatus::Signal(s) => (None, Some(s)),
+    };
+    Ok(ExecOutput {
+        stdout,
+        stderr,
+        stdout_cut,
+        stderr_cut,
+        exit_code,
+        signal,
+        timed_out,
+        output_open: !complete,
+    })
+}
+
+/// Read one output stream of a process into `buf` until its end.
+async fn drain<S: Sandbox + ?Sized>(
+    sb: Arc<S>,
+    id: String,
+    exec_id: String,
+    stream: Stream,
+    buf: Arc<Mutex<Capped>>,
+) -> Result<()> {
+    loop {
+        let chunk = sb.read_output(&id, &exec_id, stream).await?;
+        buf.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(&chunk.data);
+        if chunk.eof {
+            return Ok(());
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::fake::FakeSandbox;
+    use crate::sandbox::ContainerConfig;
+
+    fn req(args: &[&str]) -> ExecRequest {
+        ExecRequest {
+            args: args.iter().map(|s| s.to_string()).collect(),
+            cwd: None,
+            env: vec![],
+            timeout_secs: 1,
+        }
+    }
+
+    #[test]
+    fn the_process_is_the_containers_with_the_requests_changes() {
+        let base = serde_json::json!({
+            "args": ["sleep", "1000"], "cwd": "/app", "terminal": true,
+            "user": {"uid": 1000, "gid": 1000}, "env": ["PATH=/bin", "A=old"],
+        });
+        let mut r = req(&["sh", "-c", "true"]);
+        r.env = vec!["A=new".into(), "B=x=y".into()];
+        let p = exec_process(Some(&base), &r).unwrap();
+        assert_eq!(p["args"], serde_json::json!(["sh", "-c", "true"]));
+        assert_eq!(p["cwd"], "/app");
+        assert_eq!(p["terminal"], false);
+        assert_eq!(p["user"]["uid"], 1000);
+        assert_eq!(p["env"], serde_json::json!(["PATH=/bin", "A=new", "B=x=y"]));
+        r.cwd = Some("/tmp".into());
+        assert_eq!(exec_process(Some(&base), &r).unwrap()["cwd"], "/tmp");
+        assert_eq!(exec_process(None, &req(&["ls"])).unwrap()["cwd"], "/");
+        r.cwd = Some("tmp".into());
+        assert!(exec_process(Some(&base), &r).is_err());
+        assert!(exec_process(Some(&base), &req(&[])).is_err());
+        let mut bad = req(&["ls"]);
+        bad.env = vec!["=x".into()];
+        assert!(exec_process(None, &bad).is_err());
+        bad.env = vec!["NOEQ".into()];
+        assert!(exec_process(None, &bad).is_err());
+    }
+
+    async fn fake() -> Arc<FakeSandbox> {
+        let sb = Arc::new(FakeSandbox::default());
+        sb.create_container(&ContainerConfig {
+            id: "c1".into(),
+            bundle: "/b".into(),
+            spec: serde_json::json!({"process": {"args": ["sleep"]}}),
+            rootfs: vec![],
+            stdin: false,
+        })
+        .await
+        .unwrap();
+        sb
+    }
+
+    #[tokio::test]
+    async fn exec_returns_output_and_status_and_forgets_the_process() {
+        let sb = fake().await;
+        let p = exec_process(None, &req(&["echo", "hi", "there"])).unwrap();
+        let out = run_exec(sb.clone(), "c1", "t1", p, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(out.stdout, "hi there\n");
+        assert_eq!(
+            (out.status(), out.timed_out, out.output_open),
+            (0, false, false)
+        );
+        assert!(
+            sb.calls().contains(&"delete c1/t1".to_string()),
+            "{:?}",
+            sb.calls()
+        );
+        let p = exec_process(None, &req(&["echo", "err", "oops"])).unwrap();
+        let out = run_exec(sb.clone(), "c1", "t2", p, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!((out.stdout.as_str(), out.stderr.as_str()), ("", "oops\n"));
+        let p = exec_process(None, &req(&["exit", "3"])).unwrap();
+        let out = run_exec(sb.clone(), "c1", "t3", p, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(out.status(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_command_past_its_timeout_is_killed() {
+        let sb = fake().await;
+        let p = exec_process(None, &req(&["sleep"])).unwrap();
+        let out = run_exec(sb.clone(), "c1", "t1", p, Duration::from_millis(200))
+            .await
+            .unwrap();
+        assert!(out.timed_out, "{out:?}");
+        assert_eq!(out.signal, Some(9));
+        assert!(
+            sb.calls().contains(&"signal c1/t1".to_string()),
+            "{:?}",
+            sb.calls()
+        );
+    }
+}

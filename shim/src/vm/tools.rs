@@ -1,0 +1,218 @@
+//! The control socket's tool requests on a VM sandbox: `exec`, `read`,
+//! `write`, `ls`, `edit` in the sandbox's container, through the guest
+//! agent's process and file calls (confined to the container's root in the
+//! guest). Every call goes through [`VmSandbox::awake_agent`] or the
+//! [`Sandbox`](crate::sandbox::Sandbox) calls, so a hibernated VM wakes
+//! first; everything the guest returns is bounded before it is answered.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use burrow_protocol::agent as pb;
+use burrow_vmm_api::sandbox_control::SandboxRequest;
+use burrow_vmm_api::sandbox_tools::{
+    DirEntry, EditRequest, ExecOutput, ExecRequest, LsOutput, LsRequest, ReadOutput, ReadRequest,
+    ToolReply, WriteRequest, MAX_EXEC_TIMEOUT_SECS, MAX_LS_ENTRIES, MAX_READ_SCAN, MAX_READ_TEXT,
+    MAX_WRITE,
+};
+
+use super::agent::Agent;
+use super::VmSandbox;
+use crate::sandbox::{Result, SandboxError};
+use crate::tools::text::{replace_unique, LinePager};
+
+/// Longest name or link target `ls` passes on.
+const MAX_NAME: usize = 4096;
+
+impl VmSandbox {
+    /// Run tool request `req` (an error for the lifecycle requests).
+    pub(super) async fn tool(&self, req: SandboxRequest) -> Result<ToolReply> {
+        match req {
+            SandboxRequest::Exec(r) => self.tool_exec(r).await.map(ToolReply::Exec),
+            SandboxRequest::Read(r) => self.tool_read(r).await.map(ToolReply::Read),
+            SandboxRequest::Write(r) => self.tool_write(r).await,
+            SandboxRequest::Ls(r) => self.tool_ls(r).await.map(ToolReply::Ls),
+            SandboxRequest::Edit(r) => self.tool_edit(r).await,
+            other => Err(SandboxError::InvalidArgument(format!(
+                "{} is not a tool request",
+                other.name()
+            ))),
+        }
+    }
+
+    /// The container the tools act on (a VM runs one): its containerd id
+    /// and what the guest knows it by.
+    fn tool_container(&self) -> Result<(String, super::checkpoint::Contents)> {
+        self.registry()
+            .iter()
+            .next()
+            .map(|(id, c)| (id.clone(), c.clone()))
+            .ok_or_else(|| SandboxError::FailedPrecondition("the sandbox has no container".into()))
+    }
+
+    /// The agent (the VM woken if it sleeps) and the container's guest id.
+    async fn tool_agent(&self) -> Result<(Agent, String)> {
+        let (_, c) = self.tool_container()?;
+        Ok((self.awake_agent().await?, c.guest_id))
+    }
+
+    async fn tool_exec(&self, r: ExecRequest) -> Result<ExecOutput> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let (id, c) = self.tool_container()?;
+        let process = crate::tools::exec_process(c.spec.get("process"), &r)?;
+        let timeout = Duration::from_secs(r.timeout_secs.clamp(1, MAX_EXEC_TIMEOUT_SECS));
+        let me = self
+            .me
+            .upgrade()
+            .ok_or_else(|| SandboxError::Unavailable("the sandbox is shutting down".into()))?;
+        let exec_id = format!("burrow-tool-{}", NEXT.fetch_add(1, Ordering::Relaxed));
+        crate::tools::run_exec(me, &id, &exec_id, process, timeout).await
+    }
+
+    async fn tool_read(&self, r: ReadRequest) -> Result<ReadOutput> {
+        r.lines.check().map_err(SandboxError::InvalidArgument)?;
+        let (agent, gid) = self.tool_agent().await?;
+        let mut pager = LinePager::new(r.lines.first, r.lines.last_served(), MAX_READ_TEXT);
+        let mut offset = 0u64;
+        let counted = loop {
+            let (data, _, eof) = agent
+                .read_file(&gid, &r.path, offset, burrow_protocol::MAX_CHUNK)
+                .await?;
+            pager.feed(&data);
+            offset = offset.saturating_add(data.len() as u64);
+            if eof || data.is_empty() {
+                break true;
+            }
+            if offset >= MAX_READ_SCAN {
+                break false;
+            }
+        };
+        let page = pager.finish();
+        if page.first == 0 && r.lines.first > 1 {
+            return Err(SandboxError::OutOfRange(if counted {
+                format!(
+                    "{} has {} lines: line {} is past its end",
+                    r.path, page.lines, r.lines.first
+                )
+            } else {
+                format!(
+                    "line {} of {} is past the first {} MiB, which is all read reads",
+                    r.lines.first,
+                    r.path,
+                    MAX_READ_SCAN >> 20
+                )
+            }));
+        }
+        Ok(ReadOutput {
+            text: page.text,
+            first: page.first,
+            last: page.last,
+            total: counted.then_some(page.lines),
+            line_cut: page.line_cut,
+        })
+    }
+
+    /// The permission bits a replacement of `path` keeps: the regular
+    /// file's, 0 (0644) for a new one; an error for a directory.
+    async fn kept_mode(agent: &Agent, gid: &str, path: &str) -> Result<u32> {
+        match agent.stat(gid, path).await {
+            Ok(info) if info.type_.enum_value() == Ok(pb::FileType::DIRECTORY) => Err(
+                SandboxError::InvalidArgument(format!("{path} is a directory")),
+            ),
+            Ok(info) if info.type_.enum_value() == Ok(pb::FileType::REGULAR) => Ok(info.mode),
+            Ok(_) | Err(SandboxError::NotFound(_)) => Ok(0),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn tool_write(&self, r: WriteRequest) -> Result<ToolReply> {
+        if r.content.len() > MAX_WRITE {
+            return Err(SandboxError::InvalidArgument(format!(
+                "{} bytes is more than the {MAX_WRITE} one write carries",
+                r.content.len()
+            )));
+        }
+        let (agent, gid) = self.tool_agent().await?;
+        let mode = Self::kept_mode(&agent, &gid, &r.path).await?;
+        agent
+            .write_file(&gid, &r.path, r.content.as_bytes(), mode)
+            .await?;
+        Ok(ToolReply::Write {
+            bytes: r.content.len() as u64,
+        })
+    }
+
+    async fn tool_ls(&self, r: LsRequest) -> Result<LsOutput> {
+        let (agent, gid) = self.tool_agent().await?;
+        let (infos, truncated) = agent.list_dir(&gid, &r.path, MAX_LS_ENTRIES).await?;
+        let entries = infos
+            .into_iter()
+            .map(|i| {
+                let kind = match i.type_.enum_value() {
+                    Ok(pb::FileType::REGULAR) => "file",
+                    Ok(pb::FileType::DIRECTORY) => "dir",
+                    Ok(pb::FileType::SYMLINK) => "symlink",
+                    _ => "other",
+                };
+                DirEntry {
+                    name: cut(i.name),
+                    kind: kind.into(),
+                    size: i.size,
+                    mode: i.mode & 0o7777,
+                    target: (kind == "symlink").then(|| cut(i.symlink_target)),
+                }
+            })
+            .collect();
+        Ok(LsOutput { entries, truncated })
+    }
+
+    async fn tool_edit(&self, r: EditRequest) -> Result<ToolReply> {
+        let (agent, gid) = self.tool_agent().await?;
+        let info = agent.stat(&gid, &r.path).await?;
+        if info.type_.enum_value() != Ok(pb::FileType::REGULAR) {
+            return Err(SandboxError::InvalidArgument(format!(
+                "{} is not a regular file",
+                r.path
+            )));
+        }
+        let too_big = || {
+            SandboxError::InvalidArgument(format!(
+                "{} is larger than the {MAX_WRITE} bytes edit changes at once",
+                r.path
+            ))
+        };
+        if info.size > MAX_WRITE as u64 {
+            return Err(too_big());
+        }
+        let (data, _, eof) = agent.read_file(&gid, &r.path, 0, MAX_WRITE).await?;
+        if !eof {
+            return Err(too_big());
+        }
+        let text = String::from_utf8(data)
+            .map_err(|_| SandboxError::InvalidArgument(format!("{} is not UTF-8 text", r.path)))?;
+        let (new, line) = replace_unique(&text, &r.old, &r.new)
+            .map_err(|e| SandboxError::InvalidArgument(format!("{}: {e}", r.path)))?;
+        if new.len() > MAX_WRITE {
+            return Err(too_big());
+        }
+        agent
+            .write_file(&gid, &r.path, new.as_bytes(), info.mode)
+            .await?;
+        Ok(ToolReply::Edit {
+            bytes: new.len() as u64,
+            line,
+        })
+    }
+}
+
+/// `s` cut to [`MAX_NAME`] bytes (on a character boundary).
+fn cut(mut s: String) -> String {
+    if s.len() > MAX_NAME {
+        let mut at = MAX_NAME;
+        while !s.is_char_boundary(at) {
+            at -= 1;
+        }
+        s.truncate(at);
+    }
+    s
+}

@@ -1,0 +1,222 @@
+//! `burrow exec|read|write|ls|edit` against a real sandbox started through
+//! containerd (`ctr run -d`), as a platform would use them from the host:
+//! output and exit status, files round-tripped through the guest, a unique
+//! edit and a refused ambiguous one, paged reads, and a hibernated sandbox
+//! that wakes for the next tool call. Run inside hack/testhost.
+
+#![allow(clippy::unwrap_used)]
+
+use burrow_tests::containerd::{Containerd, Run, LONG};
+
+const ID: &str = "t-tools";
+
+fn ok(c: &Containerd, what: &str, r: &Run) {
+    assert_eq!(r.code, Some(0), "{what}: {r:?}\n{}", c.diagnostics());
+}
+
+#[test]
+fn cli_tools_exec_files_edit_paging_and_wake_from_hibernation() {
+    let c = Containerd::nested("cli-tools");
+    let r = c.ctr(&Containerd::run_args(&["-d"], ID, &["sleep", "100000"]));
+    ok(&c, "ctr run -d", &r);
+    c.wait_status(ID, "RUNNING", LONG);
+
+    // exec: both streams, and the command's own exit status.
+    let r = c.burrow(&[
+        "exec",
+        ID,
+        "--",
+        "sh",
+        "-c",
+        "echo hi; echo oops >&2; exit 3",
+    ]);
+    assert_eq!(
+        r.code,
+        Some(3),
+        "exit 3 must come back as 3: {r:?}\n{}",
+        c.diagnostics()
+    );
+    assert_eq!(r.stdout, "hi\n", "{r:?}");
+    assert!(r.stderr.starts_with("oops\n"), "{r:?}");
+    // --cwd and --env reach the command.
+    let r = c.burrow(&[
+        "exec",
+        ID,
+        "--cwd",
+        "/tmp",
+        "-e",
+        "GREETING=hello",
+        "--",
+        "sh",
+        "-c",
+        "echo $GREETING from $(pwd)",
+    ]);
+    ok(&c, "exec with --cwd and --env", &r);
+    assert_eq!(r.stdout, "hello from /tmp\n", "{r:?}");
+
+    // A flood is capped to its head and tail, and says what was cut.
+    let r = c.burrow(&[
+        "exec",
+        ID,
+        "--",
+        "sh",
+        "-c",
+        "head -c 1000000 /dev/zero | tr '\\0' a",
+    ]);
+    ok(&c, "exec a flood", &r);
+    assert!(
+        r.stdout.len() < 34_000,
+        "{} bytes came through",
+        r.stdout.len()
+    );
+    assert!(
+        r.stdout.contains("[... 967232 bytes cut ...]"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stdout.starts_with("aaaa") && r.stdout.ends_with("aaaa"));
+    assert!(r.stderr.contains("967232 bytes of stdout cut"), "{r:?}");
+    // A command past its timeout is killed: status 124, its output so far.
+    let r = c.burrow(&[
+        "exec",
+        ID,
+        "--timeout",
+        "10",
+        "--",
+        "sh",
+        "-c",
+        "echo started; exec sleep 1000",
+    ]);
+    assert_eq!(r.code, Some(124), "{r:?}\n{}", c.diagnostics());
+    assert_eq!(r.stdout, "started\n", "{r:?}");
+    assert!(r.stderr.contains("killed after 10 s"), "{r:?}");
+    // A sandbox that does not exist: one clear line, burrow's own status.
+    let r = c.burrow(&["exec", "t-nosuch", "--", "true"]);
+    assert_eq!(r.code, Some(125), "{r:?}");
+    assert!(
+        r.stderr.starts_with("burrow exec:")
+            && r.stderr.contains("t-nosuch")
+            && r.stderr.lines().count() == 1,
+        "{r:?}"
+    );
+
+    // write + read round trip; the file is in the container for its own
+    // processes too.
+    let text = "one\ntwo\nthree\n";
+    let r = c.burrow_with(&["write", ID, "/tmp/notes/a.txt"], Some(text.as_bytes()));
+    ok(&c, "write", &r);
+    let r = c.burrow(&["read", ID, "/tmp/notes/a.txt"]);
+    ok(&c, "read", &r);
+    assert_eq!(r.stdout, text, "{r:?}");
+    assert!(r.stderr.contains("lines 1-3 of 3, 0 remain"), "{r:?}");
+    let r = c.burrow(&["exec", ID, "--", "cat", "/tmp/notes/a.txt"]);
+    ok(&c, "cat the written file", &r);
+    assert_eq!(r.stdout, text, "{r:?}");
+
+    // ls lists it with its size.
+    let r = c.burrow(&["ls", ID, "/tmp/notes"]);
+    ok(&c, "ls", &r);
+    let line = r
+        .stdout
+        .lines()
+        .find(|l| l.ends_with(" a.txt"))
+        .unwrap_or_else(|| panic!("no a.txt in {r:?}"));
+    assert!(
+        line.starts_with("-rw-r--r--") && line.contains(" 14 "),
+        "{line:?}"
+    );
+
+    // edit: a unique match is replaced; an ambiguous one changes nothing.
+    let r = c.burrow(&[
+        "edit",
+        ID,
+        "/tmp/notes/a.txt",
+        "--old",
+        "two",
+        "--new",
+        "TWO",
+    ]);
+    ok(&c, "edit", &r);
+    assert!(r.stdout.contains("line 2"), "{r:?}");
+    let r = c.burrow(&["edit", ID, "/tmp/notes/a.txt", "--old", "e", "--new", "E"]);
+    assert_eq!(
+        r.code,
+        Some(1),
+        "an edit of a text that occurs 3 times must fail: {r:?}"
+    );
+    assert!(
+        r.stderr.contains("3 times") && r.stderr.lines().count() == 1,
+        "{r:?}"
+    );
+    let r = c.burrow(&["exec", ID, "--", "cat", "/tmp/notes/a.txt"]);
+    assert_eq!(r.stdout, "one\nTWO\nthree\n", "{r:?}");
+
+    // read pages 500 lines at a time and says how many remain.
+    let lines: String = (1..=1200).map(|i| format!("line {i}\n")).collect();
+    let r = c.burrow_with(&["write", ID, "/tmp/n.txt"], Some(lines.as_bytes()));
+    ok(&c, "write 1200 lines", &r);
+    let r = c.burrow(&["read", ID, "/tmp/n.txt"]);
+    ok(&c, "read page 1", &r);
+    let got: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(
+        (got.len(), got.first(), got.last()),
+        (500, Some(&"line 1"), Some(&"line 500")),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        r.stderr
+            .contains("of 1200, 700 remain; next: --lines 501:1000"),
+        "{r:?}"
+    );
+    let r = c.burrow(&["read", ID, "/tmp/n.txt", "--lines", "1001:"]);
+    ok(&c, "read the last page", &r);
+    let got: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(
+        (got.len(), got.first(), got.last()),
+        (200, Some(&"line 1001"), Some(&"line 1200"))
+    );
+    assert!(
+        r.stderr.contains("lines 1001-1200 of 1200, 0 remain"),
+        "{r:?}"
+    );
+    let r = c.burrow(&["read", ID, "/tmp/nope"]);
+    assert_eq!(r.code, Some(1), "{r:?}");
+    assert!(
+        r.stderr.starts_with("burrow read:") && r.stderr.contains("/tmp/nope"),
+        "{r:?}"
+    );
+
+    // Hibernated: the next tool call wakes it, and the container's files
+    // are still there.
+    let r = c.burrow(&["sandbox", "hibernate", ID]);
+    ok(&c, "hibernate", &r);
+    assert!(r.stdout.contains("asleep"), "{r:?}");
+    let r = c.burrow(&["sandbox", "ls"]);
+    assert!(
+        r.stdout
+            .lines()
+            .any(|l| l.contains(ID) && l.contains("asleep")),
+        "{r:?}"
+    );
+    let r = c.burrow(&["exec", ID, "--", "sh", "-c", "cat /tmp/notes/a.txt; exit 5"]);
+    assert_eq!(
+        r.code,
+        Some(5),
+        "exec after hibernate: {r:?}\n{}",
+        c.diagnostics()
+    );
+    assert_eq!(r.stdout, "one\nTWO\nthree\n", "{r:?}");
+    let r = c.burrow(&["sandbox", "ls"]);
+    assert!(
+        r.stdout
+            .lines()
+            .any(|l| l.contains(ID) && l.contains("running")),
+        "{r:?}"
+    );
+
+    ok(&c, "kill", &c.ctr(&["task", "kill", "-s", "SIGKILL", ID]));
+    c.wait_status(ID, "STOPPED", LONG);
+    ok(&c, "task delete", &c.ctr(&["task", "delete", ID]));
+    ok(&c, "container rm", &c.ctr(&["containers", "rm", ID]));
+}

@@ -1,0 +1,343 @@
+//! The tool requests of the control socket (`burrow exec|read|write|ls|edit`):
+//! what the CLI asks a sandbox's shim to do in its guest, and what comes
+//! back. The shim forwards them to the guest agent (waking a hibernated VM
+//! first) and bounds everything the guest returns before it answers:
+//!
+//! ```text
+//! {"cmd":"exec","args":["sh","-c","exit 3"],"env":[],"timeout_secs":600}
+//!     -> {"ok":true,"state":"running","tool":{"tool":"exec","stdout":"","stderr":"",...,"exit_code":3}}
+//! {"cmd":"read","path":"/etc/hostname","lines":{"first":1,"last":null}}
+//! {"cmd":"write","path":"/tmp/a","content":"hi\n"}
+//! {"cmd":"ls","path":"/tmp"}
+//! {"cmd":"edit","path":"/tmp/a","old":"hi","new":"ho"}
+//! ```
+//!
+//! Text only: file contents and output travel as UTF-8 strings (output the
+//! guest wrote that is not UTF-8 arrives with U+FFFD in its place).
+
+use serde::{Deserialize, Serialize};
+
+/// Most lines one `read` returns.
+pub const MAX_READ_LINES: u64 = 500;
+/// Most bytes of text one `read` returns (a longer first line is cut).
+pub const MAX_READ_TEXT: usize = 256 * 1024;
+/// Most bytes a `read` scans to count the file's lines; past it the total
+/// is unknown.
+pub const MAX_READ_SCAN: u64 = 64 << 20;
+/// Most bytes one `write` carries, and the largest file `edit` changes
+/// (both are one atomic replacement in the guest).
+pub const MAX_WRITE: usize = 1 << 20;
+/// Most bytes of each output stream `exec` returns: the first and the last
+/// half of it, with a marker saying how much was cut between.
+pub const MAX_EXEC_OUTPUT: usize = 32 * 1024;
+/// Most entries one `ls` returns.
+pub const MAX_LS_ENTRIES: u32 = 1000;
+/// `exec`'s timeout when none is given, and the longest one taken.
+pub const DEFAULT_EXEC_TIMEOUT_SECS: u64 = 600;
+pub const MAX_EXEC_TIMEOUT_SECS: u64 = 24 * 3600;
+/// The exit status `burrow exec` reports for a command it killed at its
+/// timeout (as timeout(1) does).
+pub const TIMED_OUT_STATUS: i32 = 124;
+
+/// Run a command in the sandbox's container and collect its output.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecRequest {
+    pub args: Vec<String>,
+    /// Working directory in the container (default: the container's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// `K=V` added to (or replacing in) the container's environment.
+    #[serde(default)]
+    pub env: Vec<String>,
+    /// Killed after this long (then the status is [`TIMED_OUT_STATUS`]).
+    pub timeout_secs: u64,
+}
+
+/// Lines `first..=last` (1-based) of a file; `last: None` means "to the
+/// end". At most [`MAX_READ_LINES`] come back per call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LineRange {
+    pub first: u64,
+    pub last: Option<u64>,
+}
+
+impl Default for LineRange {
+    fn default() -> Self {
+        Self {
+            first: 1,
+            last: None,
+        }
+    }
+}
+
+impl LineRange {
+    /// The last line one call returns: `last`, but at most
+    /// [`MAX_READ_LINES`] after `first`.
+    pub fn last_served(&self) -> u64 {
+        let cap = self.first.saturating_add(MAX_READ_LINES - 1);
+        self.last.map_or(cap, |l| l.min(cap))
+    }
+
+    /// Refuse ranges that name no line.
+    pub fn check(&self) -> Result<(), String> {
+        if self.first == 0 {
+            return Err("lines are counted from 1".into());
+        }
+        match self.last {
+            Some(l) if l < self.first => Err(format!(
+                "line range {}:{l} ends before it starts",
+                self.first
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl std::str::FromStr for LineRange {
+    type Err = String;
+
+    /// `A:B`, `A:` (to the end), `:B` (from line 1) or `A` (line A only).
+    fn from_str(s: &str) -> Result<Self, String> {
+        let num = |v: &str| {
+            v.trim()
+                .parse::<u64>()
+                .map_err(|_| format!("bad line range {s:?}: want A:B, A: or :B"))
+        };
+        let r = match s.split_once(':') {
+            None => {
+                let n = num(s)?;
+                Self {
+                    first: n,
+                    last: Some(n),
+                }
+            }
+            Some((a, b)) => Self {
+                first: if a.trim().is_empty() { 1 } else { num(a)? },
+                last: if b.trim().is_empty() {
+                    None
+                } else {
+                    Some(num(b)?)
+                },
+            },
+        };
+        r.check()?;
+        Ok(r)
+    }
+}
+
+/// Read lines of a file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadRequest {
+    pub path: String,
+    #[serde(default)]
+    pub lines: LineRange,
+}
+
+/// Replace a file atomically with `content` (its mode is kept; missing
+/// parent directories are made).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteRequest {
+    pub path: String,
+    pub content: String,
+}
+
+/// List a directory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LsRequest {
+    pub path: String,
+}
+
+/// Replace the one occurrence of `old` in a file with `new`; zero or
+/// several occurrences are an error that changes nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EditRequest {
+    pub path: String,
+    pub old: String,
+    pub new: String,
+}
+
+/// What a tool request returns.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "tool", rename_all = "lowercase")]
+pub enum ToolReply {
+    Exec(ExecOutput),
+    Read(ReadOutput),
+    /// Bytes written.
+    Write {
+        bytes: u64,
+    },
+    Ls(LsOutput),
+    /// The file's new size and the line the replacement starts on.
+    Edit {
+        bytes: u64,
+        line: u64,
+    },
+}
+
+/// A finished (or killed) command.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecOutput {
+    /// Output, at most [`MAX_EXEC_OUTPUT`] bytes of it; a cut is marked in
+    /// the text.
+    pub stdout: String,
+    pub stderr: String,
+    /// Bytes left out of each.
+    pub stdout_cut: u64,
+    pub stderr_cut: u64,
+    /// The exit code, or the signal that killed it.
+    pub exit_code: Option<i32>,
+    pub signal: Option<u32>,
+    /// Killed at its timeout.
+    pub timed_out: bool,
+    /// The output was still open when the command had exited (a background
+    /// process holds it): what it wrote later is not here.
+    pub output_open: bool,
+}
+
+impl ExecOutput {
+    /// The status `burrow exec` exits with: the command's exit code, 128 +
+    /// the signal that killed it, [`TIMED_OUT_STATUS`] at the timeout.
+    pub fn status(&self) -> i32 {
+        if self.timed_out {
+            return TIMED_OUT_STATUS;
+        }
+        match (self.exit_code, self.signal) {
+            (_, Some(sig)) => 128i32.saturating_add(i32::try_from(sig.min(127)).unwrap_or(127)),
+            (Some(code), None) => code & 0xff,
+            (None, None) => 255,
+        }
+    }
+}
+
+/// Lines of a file.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadOutput {
+    /// The lines, each with its newline as in the file.
+    pub text: String,
+    /// First and last line in `text` (0 when it has none).
+    pub first: u64,
+    pub last: u64,
+    /// Lines in the file (None: larger than [`MAX_READ_SCAN`]; not counted).
+    pub total: Option<u64>,
+    /// The last line in `text` is longer than [`MAX_READ_TEXT`] and was cut.
+    pub line_cut: bool,
+}
+
+impl ReadOutput {
+    /// Lines after the last one returned (None when the total is unknown).
+    pub fn remaining(&self) -> Option<u64> {
+        self.total.map(|t| t.saturating_sub(self.last))
+    }
+}
+
+/// A directory's entries, sorted by name.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LsOutput {
+    pub entries: Vec<DirEntry>,
+    /// More entries than [`MAX_LS_ENTRIES`]: the rest are not listed.
+    pub truncated: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirEntry {
+    pub name: String,
+    /// `file`, `dir`, `symlink` or `other`.
+    pub kind: String,
+    pub size: u64,
+    /// Permission bits.
+    pub mode: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+}
+
+impl DirEntry {
+    /// `ls -l`'s mode column: `drwxr-xr-x`.
+    pub fn mode_string(&self) -> String {
+        let kind = match self.kind.as_str() {
+            "dir" => 'd',
+            "symlink" => 'l',
+            "file" => '-',
+            _ => '?',
+        };
+        let mut s = String::with_capacity(10);
+        s.push(kind);
+        for shift in [6u32, 3, 0] {
+            let bits = (self.mode >> shift) & 7;
+            s.push(if bits & 4 != 0 { 'r' } else { '-' });
+            s.push(if bits & 2 != 0 { 'w' } else { '-' });
+            s.push(if bits & 1 != 0 { 'x' } else { '-' });
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn line_ranges_parse_and_cap_at_500() {
+        let r: LineRange = "10:20".parse().unwrap();
+        assert_eq!((r.first, r.last, r.last_served()), (10, Some(20), 20));
+        let r: LineRange = "501:".parse().unwrap();
+        assert_eq!((r.first, r.last, r.last_served()), (501, None, 1000));
+        let r: LineRange = ":3".parse().unwrap();
+        assert_eq!((r.first, r.last), (1, Some(3)));
+        let r: LineRange = "7".parse().unwrap();
+        assert_eq!((r.first, r.last_served()), (7, 7));
+        assert_eq!("1:100000".parse::<LineRange>().unwrap().last_served(), 500);
+        assert_eq!(LineRange::default().last_served(), 500);
+        for bad in ["0:5", "5:4", "a:b", "", "1:x", "-3:"] {
+            assert!(bad.parse::<LineRange>().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn exec_status_is_the_commands_own() {
+        let code = |c| ExecOutput {
+            exit_code: Some(c),
+            ..Default::default()
+        };
+        assert_eq!(code(3).status(), 3);
+        assert_eq!(code(0).status(), 0);
+        assert_eq!(code(256 + 5).status(), 5);
+        let killed = ExecOutput {
+            signal: Some(9),
+            ..Default::default()
+        };
+        assert_eq!(killed.status(), 137);
+        let late = ExecOutput {
+            signal: Some(9),
+            timed_out: true,
+            ..Default::default()
+        };
+        assert_eq!(late.status(), TIMED_OUT_STATUS);
+    }
+
+    #[test]
+    fn remaining_lines_and_modes() {
+        let r = ReadOutput {
+            first: 1,
+            last: 500,
+            total: Some(1200),
+            ..Default::default()
+        };
+        assert_eq!(r.remaining(), Some(700));
+        assert_eq!(ReadOutput::default().remaining(), None);
+        let e = DirEntry {
+            name: "bin".into(),
+            kind: "dir".into(),
+            size: 4096,
+            mode: 0o755,
+            target: None,
+        };
+        assert_eq!(e.mode_string(), "drwxr-xr-x");
+        let f = DirEntry {
+            kind: "file".into(),
+            mode: 0o640,
+            ..e
+        };
+        assert_eq!(f.mode_string(), "-rw-r-----");
+    }
+}

@@ -42,6 +42,8 @@ pub struct CpuProbe {
     pub halted_for_good: bool,
     /// Never started (an AP the guest did not bring up).
     pub not_started: bool,
+    /// Where it was (for the record when the VM is judged powered off).
+    pub rip: u64,
 }
 
 struct CtlState {
@@ -71,8 +73,10 @@ const RFLAGS_IF: u64 = 1 << 9;
 
 fn probe(vcpu: &VcpuFd) -> CpuProbe {
     let mp = vcpu.get_mp_state().map(|s| s.mp_state).unwrap_or(u32::MAX);
-    let iflag = vcpu.get_regs().map(|r| r.rflags & RFLAGS_IF != 0).unwrap_or(true);
+    let regs = vcpu.get_regs().ok();
+    let iflag = regs.is_none_or(|r| r.rflags & RFLAGS_IF != 0);
     CpuProbe {
+        rip: regs.map_or(0, |r| r.rip),
         halted_for_good: mp == KVM_MP_STATE_HALTED && !iflag,
         not_started: mp == KVM_MP_STATE_UNINITIALIZED || mp == KVM_MP_STATE_INIT_RECEIVED,
     }
@@ -398,9 +402,9 @@ mod tests {
 
     #[test]
     fn halt_detection() {
-        let halted = CpuProbe { halted_for_good: true, not_started: false };
+        let halted = CpuProbe { halted_for_good: true, not_started: false, rip: 0 };
         let idle = CpuProbe::default();
-        let off = CpuProbe { halted_for_good: false, not_started: true };
+        let off = CpuProbe { halted_for_good: false, not_started: true, rip: 0 };
         assert!(guest_halted(&[halted]));
         assert!(guest_halted(&[halted, off, halted]));
         assert!(!guest_halted(&[halted, idle]));

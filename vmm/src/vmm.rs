@@ -544,6 +544,14 @@ impl Vmm {
                     Some(p) if vcpu::guest_halted(&p) => {
                         halted_polls += 1;
                         if halted_polls >= 2 {
+                            // One line per VM: says where each vCPU halted, so
+                            // an unexpected "power off" can be placed in the
+                            // guest kernel (System.map).
+                            let rips: Vec<String> = p.iter().map(|c| format!("{:#x}", c.rip)).collect();
+                            tracing::warn!(
+                                "every vCPU halted with interrupts off (rip {}): the guest powered off",
+                                rips.join(", ")
+                            );
                             exit = Some(ExitReason::Poweroff);
                         }
                     }

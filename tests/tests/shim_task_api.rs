@@ -168,9 +168,12 @@ fn metrics_are_the_guests_and_update_is_refused_clearly() {
         ],
     );
     let m3 = metrics(&c, id);
+    // The loop's own figure is sampled per tick (a tick in which the vCPU
+    // was preempted still counts), the cgroup's is exact runtime: in the
+    // nested test host 1.5 s of ticks was 0.91 s of runtime once.
     assert!(
-        m3.cpu_usec >= m2.cpu_usec + 1_000_000,
-        "a loop that used 1.5 s of CPU in the guest must add at least 1 s to the container's CPU time: before {m2:?}, after {m3:?}"
+        m3.cpu_usec >= m2.cpu_usec + 500_000,
+        "a loop that used 1.5 s of CPU ticks in the guest must add at least 0.5 s to the container's CPU time: before {m2:?}, after {m3:?}"
     );
 
     update_is_refused_and_changes_nothing(&c, id, m3);

@@ -10,6 +10,13 @@ use burrow_tests::containerd::{Containerd, Run, LONG};
 
 const ID: &str = "t-tools";
 
+/// `burrow exec ID ARGS...`.
+fn exec(c: &Containerd, args: &[&str]) -> Run {
+    let mut all = vec!["exec", ID];
+    all.extend_from_slice(args);
+    c.burrow(&all)
+}
+
 fn ok(c: &Containerd, what: &str, r: &Run) {
     assert_eq!(r.code, Some(0), "{what}: {r:?}\n{}", c.diagnostics());
 }
@@ -22,10 +29,8 @@ fn cli_tools_exec_files_edit_paging_and_wake_from_hibernation() {
     c.wait_status(ID, "RUNNING", LONG);
 
     // exec: both streams, and the command's own exit status.
-    let r = c.burrow(&[
-        "exec",
-        ID,
-        "--",
+    let r = exec(&c, &[
+                "--",
         "sh",
         "-c",
         "echo hi; echo oops >&2; exit 3",
@@ -39,10 +44,8 @@ fn cli_tools_exec_files_edit_paging_and_wake_from_hibernation() {
     assert_eq!(r.stdout, "hi\n", "{r:?}");
     assert!(r.stderr.starts_with("oops\n"), "{r:?}");
     // --cwd and --env reach the command.
-    let r = c.burrow(&[
-        "exec",
-        ID,
-        "--cwd",
+    let r = exec(&c, &[
+                "--cwd",
         "/tmp",
         "-e",
         "GREETING=hello",
@@ -55,10 +58,8 @@ fn cli_tools_exec_files_edit_paging_and_wake_from_hibernation() {
     assert_eq!(r.stdout, "hello from /tmp\n", "{r:?}");
 
     // A flood is capped to its head and tail, and says what was cut.
-    let r = c.burrow(&[
-        "exec",
-        ID,
-        "--",
+    let r = exec(&c, &[
+                "--",
         "sh",
         "-c",
         "head -c 1000000 /dev/zero | tr '\\0' a",
@@ -77,10 +78,8 @@ fn cli_tools_exec_files_edit_paging_and_wake_from_hibernation() {
     assert!(r.stdout.starts_with("aaaa") && r.stdout.ends_with("aaaa"));
     assert!(r.stderr.contains("967232 bytes of stdout cut"), "{r:?}");
     // A command past its timeout is killed: status 124, its output so far.
-    let r = c.burrow(&[
-        "exec",
-        ID,
-        "--timeout",
+    let r = exec(&c, &[
+                "--timeout",
         "10",
         "--",
         "sh",

@@ -72,13 +72,8 @@ impl RotatingFile {
 impl Write for RotatingFile {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let room = self.max.saturating_sub(self.written);
-        if buf.len() as u64 > room {
-            if self.written > 0 {
-                self.rotate();
-            }
-            if self.file.is_none() {
-                return Ok(buf.len());
-            }
+        if buf.len() as u64 > room && self.written > 0 {
+            self.rotate();
         }
         let take = buf.len().min(usize::try_from(self.max).unwrap_or(usize::MAX));
         let Some(f) = self.file.as_mut() else {

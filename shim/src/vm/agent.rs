@@ -156,13 +156,13 @@ impl Agent {
         while start.elapsed() < boot_timeout {
             // A guest that takes the connection and never answers the
             // handshake must not hold the shim past its deadline (issue 15).
-            let left = boot_timeout.saturating_sub(start.elapsed());
-            let attempt = tokio::time::timeout(left.min(HANDSHAKE_TIMEOUT), connect_once(addr))
+            let limit = boot_timeout.saturating_sub(start.elapsed()).min(HANDSHAKE_TIMEOUT);
+            let attempt = tokio::time::timeout(limit, connect_once(addr))
                 .await
                 .unwrap_or_else(|_| {
                     Err(ConnectError::Handshake {
                         path: addr.path().display().to_string(),
-                        msg: format!("no answer within {}s", left.min(HANDSHAKE_TIMEOUT).as_secs()),
+                        msg: format!("no answer within {}s", limit.as_secs()),
                     })
                 });
             match attempt {

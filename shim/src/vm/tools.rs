@@ -40,8 +40,8 @@ impl VmSandbox {
         }
     }
 
-    /// The container the tools act on (a VM runs one): its containerd id
-    /// and what the guest knows it by.
+    /// The container the tools act on (a VM runs one) with its containerd
+    /// id, which exec needs ([`VmSandbox::the_container`] has the rest).
     fn tool_container(&self) -> Result<(String, super::checkpoint::Contents)> {
         self.registry()
             .iter()
@@ -52,8 +52,8 @@ impl VmSandbox {
 
     /// The agent (the VM woken if it sleeps) and the container's guest id.
     async fn tool_agent(&self) -> Result<(Agent, String)> {
-        let (_, c) = self.tool_container()?;
-        Ok((self.awake_agent().await?, c.guest_id))
+        let guest_id = self.the_container()?.guest_id;
+        Ok((self.awake_agent().await?, guest_id))
     }
 
     async fn tool_exec(&self, r: ExecRequest) -> Result<ExecOutput> {

@@ -199,15 +199,16 @@ pub fn add_entropy(data: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// Sync and power off (or reboot). Only returns on failure.
+/// Sync and end the VM. Only returns on failure.
+///
+/// Both ways reset the guest (`reboot(RB_AUTOBOOT)`, the i8042 reset with
+/// `reboot=k`), which burrow-vmm takes as the VM's end: without ACPI a
+/// `RB_POWER_OFF` only halts the CPUs, and the VMM does not poll for that.
+/// `reboot` says which the caller meant, for the log.
 pub fn power_off(reboot: bool) -> Result<()> {
     nix::unistd::sync();
-    let how = if reboot {
-        nix::sys::reboot::RebootMode::RB_AUTOBOOT
-    } else {
-        nix::sys::reboot::RebootMode::RB_POWER_OFF
-    };
-    match nix::sys::reboot::reboot(how) {
+    tracing::debug!(reboot, "resetting the guest to end the VM");
+    match nix::sys::reboot::reboot(nix::sys::reboot::RebootMode::RB_AUTOBOOT) {
         Err(e) => Err(AgentError::os("reboot(2)", e)),
         Ok(never) => match never {},
     }

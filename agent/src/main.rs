@@ -15,6 +15,7 @@ mod error;
 mod fs;
 mod host_only;
 mod init;
+mod oom;
 mod process;
 mod reaper;
 mod service;

@@ -90,7 +90,7 @@ impl Stream {
 
 /// Run `op` on `fd` once it is ready for `interest`, again while it would
 /// block or is interrupted.
-async fn when_ready<R>(
+pub(crate) async fn when_ready<R>(
     fd: &AsyncFd<OwnedFd>,
     interest: Interest,
     mut op: impl FnMut(&OwnedFd) -> nix::Result<R>,

@@ -330,6 +330,7 @@ impl burrow_protocol::Agent for AgentService {
         _ctx: &TtrpcContext,
         req: WaitOomKillRequest,
     ) -> TResult<WaitOomKillResponse> {
+        let mut log = crate::oom::KernelLog::open();
         loop {
             let kills = crate::init::oom_kills()?;
             if kills > req.seen {
@@ -337,7 +338,7 @@ impl burrow_protocol::Agent for AgentService {
                 r.kills = kills;
                 return Ok(r);
             }
-            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            log.changed().await;
         }
     }
 

@@ -696,3 +696,62 @@ fn a_block_device_snapshot_is_the_containers_disk() {
     drop(c);
     drop(pool);
 }
+
+/// Voluntary context switches (each one a sleep that ended: a wakeup) of
+/// every thread of `pid` so far, summed per thread name.
+fn wakeups(pid: i32) -> std::collections::BTreeMap<String, u64> {
+    let mut by_name = std::collections::BTreeMap::new();
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the process runs");
+    for t in tasks.flatten() {
+        let Ok(status) = std::fs::read_to_string(t.path().join("status")) else { continue };
+        let field = |k: &str| status.lines().find_map(|l| l.strip_prefix(k)).map(str::trim);
+        let name = field("Name:").unwrap_or("?").to_string();
+        let n: u64 = field("voluntary_ctxt_switches:").and_then(|v| v.parse().ok()).unwrap_or(0);
+        *by_name.entry(name).or_insert(0) += n;
+    }
+    by_name
+}
+
+fn wakeups_since(
+    before: &std::collections::BTreeMap<String, u64>,
+    pid: i32,
+) -> std::collections::BTreeMap<String, u64> {
+    wakeups(pid)
+        .into_iter()
+        .map(|(k, v)| {
+            let was = before.get(&k).copied().unwrap_or(0);
+            (k, v.saturating_sub(was))
+        })
+        .collect()
+}
+
+/// Nothing polls while a sandbox idles: over 30 s with only `sleep` in the
+/// container, the VMM's event loop and the shim are not woken at all (no
+/// tick, no health check, no agent poll reaching the host), and the guest's
+/// vCPUs wake only for the guest kernel's own timers.
+#[test]
+fn an_idle_sandbox_wakes_nothing_on_the_host() {
+    let c = containerd("idle");
+    let id = "t-idle";
+    run_detached(&c, &[], id, &["sleep", "100000"]);
+    let vmm = c.vmm_pid(id);
+    let shims = c.shim_pids(id);
+    assert_eq!(shims.len(), 1, "one shim serves {id}: {shims:?}");
+    let shim = shims[0];
+    // Let the start settle (the first agent calls, the guest's late boot work).
+    std::thread::sleep(Duration::from_secs(10));
+    step("measure 30 s of idling");
+    let (vmm0, shim0) = (wakeups(vmm), wakeups(shim));
+    std::thread::sleep(Duration::from_secs(30));
+    let (vmm1, shim1) = (wakeups_since(&vmm0, vmm), wakeups_since(&shim0, shim));
+    eprintln!("wakeups in 30 s idle: burrow-vmm {vmm1:?}; shim {shim1:?}");
+    let event_loop = vmm1.get("burrow-vmm").copied().unwrap_or(0);
+    let vcpus: u64 = vmm1.iter().filter(|(k, _)| k.starts_with("vcpu")).map(|(_, v)| v).sum();
+    let shim_total: u64 = shim1.values().sum();
+    // Before this test existed: a 200 ms tick (150 wakeups of the event loop
+    // in 30 s) and a 500 ms OOM poll in the agent (60 guest wakeups).
+    assert!(event_loop <= 3, "burrow-vmm's event loop woke {event_loop} times in 30 s idle: {vmm1:?}");
+    assert!(shim_total <= 10, "the shim woke {shim_total} times in 30 s idle: {shim1:?}");
+    assert!(vcpus <= 60, "the guest's vCPUs woke {vcpus} times in 30 s idle: {vmm1:?}");
+    kill_and_remove(&c, id);
+}

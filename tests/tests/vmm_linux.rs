@@ -80,15 +80,53 @@ impl Vm {
     }
 }
 
+/// CPU time (user + system, in clock ticks) the process has used so far.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The fields after the command name (which may hold spaces) start at ") ".
+    let rest = &stat[stat.rfind(") ").unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of stat(5): 12 and 13 here.
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+/// A guest that halts every CPU (`poweroff` without ACPI) costs the VMM no
+/// CPU while it sits there (nothing in the VMM polls or ticks), and the
+/// control API still stops it.
 #[test]
-fn boots_to_marker_and_poweroff_exits_0() {
+fn halted_guest_costs_no_cpu_and_api_stop_ends_it() {
     let _one = ONE_VM.lock().unwrap_or_else(|p| p.into_inner());
-    let mut vm = start("poweroff", "poweroff", &["--vcpus", "2"]);
-    vm.wait_for_serial("BURROW-VMM-TEST: booted cpus=2 test=poweroff");
-    let st = vm.wait_exit();
-    assert_eq!(st.code(), Some(0), "{}", vm.diagnostics());
-    let d = vm.diagnostics();
-    assert!(d.contains("guest powered off"), "{d}");
+    let dir = burrow_tests::scratch_dir("vmm-linux-halt-api");
+    let api = dir.join("api.sock");
+    let mut vm = start("halt", "halt", &["--vcpus", "2", "--api", api.to_str().unwrap()]);
+    vm.wait_for_serial("BURROW-VMM-TEST: booted cpus=2 test=halt");
+    // Let the guest reach its halt, then measure.
+    let pid = vm.child.0.id();
+    let mut settled = cpu_ticks(pid);
+    for _ in 0..30 {
+        std::thread::sleep(Duration::from_secs(1));
+        let now = cpu_ticks(pid);
+        if now == settled {
+            break;
+        }
+        settled = now;
+    }
+    std::thread::sleep(Duration::from_secs(5));
+    let used = cpu_ticks(pid) - settled;
+    assert!(vm.child.try_wait().unwrap().is_none(), "the VMM exited\n{}", vm.diagnostics());
+    // One tick is 10 ms: a 200 ms poll alone would cost several over 5 s
+    // in the test host.
+    assert!(used <= 1, "the halted VM used {used} ticks of CPU in 5 s\n{}", vm.diagnostics());
+
+    let c = UnixStream::connect(&api).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut c = BufReader::new(c);
+    c.get_mut().write_all(b"{\"cmd\":\"stop\"}\n").unwrap();
+    let mut rest = String::new();
+    let _ = c.read_to_string(&mut rest);
+    assert!(rest.contains("\"event\":\"exit\""), "{rest}");
+    assert_eq!(vm.wait_exit().code(), Some(0), "{}", vm.diagnostics());
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

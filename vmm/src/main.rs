@@ -59,15 +59,30 @@ fn main() -> ExitCode {
 }
 
 /// Watch the parent: once it is gone (this process was handed to another),
-/// end at once. Polled, not PR_SET_PDEATHSIG: that fires when the parent's
+/// end at once. A pidfd, not PR_SET_PDEATHSIG: that fires when the parent's
 /// *thread* that spawned us exits, and the shim spawns from tokio threads.
+/// The watching thread sleeps in poll(2) until the parent exits: nothing
+/// wakes an idle VMM.
 fn exit_with_parent() {
     // SAFETY: getppid has no preconditions.
     let parent = unsafe { libc::getppid() };
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, parent, 0) };
+    // SAFETY: as above.
+    let gone = move || unsafe { libc::getppid() } != parent;
+    let Ok(fd) = libc::c_int::try_from(fd) else {
+        eprintln!("burrow-vmm: pidfd_open of the parent failed: {}", std::io::Error::last_os_error());
+        std::process::exit(1);
+    };
+    if fd < 0 || gone() {
+        eprintln!("burrow-vmm: the process that started it (pid {parent}) is gone; not starting");
+        std::process::exit(1);
+    }
     let _ = std::thread::Builder::new().name("parent-watch".into()).spawn(move || loop {
-        std::thread::sleep(std::time::Duration::from_millis(200));
-        // SAFETY: as above.
-        if unsafe { libc::getppid() } != parent {
+        let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd; no timeout.
+        let n = unsafe { libc::poll(&mut p, 1, -1) };
+        if n > 0 || gone() {
             eprintln!("burrow-vmm: the process that started it (pid {parent}) exited; stopping the VM");
             std::process::exit(1);
         }

@@ -2,10 +2,11 @@
 //! protocol the VMM thread uses to pause, stop or inspect them.
 //!
 //! A vCPU blocked in KVM_RUN (a halted guest CPU with the in-kernel LAPIC
-//! never returns to userspace) is interrupted with a real-time signal whose
-//! handler does nothing: KVM_RUN returns EINTR and the thread checks its
-//! requests. Kicks are repeated until acknowledged, which closes the race of
-//! a signal landing just before KVM_RUN.
+//! never returns to userspace) is interrupted with a real-time signal:
+//! KVM_RUN returns EINTR and the thread checks its requests. The handler
+//! sets the thread's `kvm_run.immediate_exit`, so a signal that lands just
+//! before KVM_RUN (after the thread last looked at its requests) still makes
+//! it return at once: one kick is enough, and nothing is re-sent on a timer.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
@@ -13,7 +14,6 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use kvm_bindings::{KVM_MP_STATE_HALTED, KVM_MP_STATE_INIT_RECEIVED, KVM_MP_STATE_UNINITIALIZED};
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -35,23 +35,10 @@ enum Want {
     Stop,
 }
 
-/// What a vCPU looked like when polled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct CpuProbe {
-    /// Halted with interrupts disabled: stopped for good (Linux's halt path).
-    pub halted_for_good: bool,
-    /// Never started (an AP the guest did not bring up).
-    pub not_started: bool,
-    /// Where it was (for the record when the VM is judged powered off).
-    pub rip: u64,
-}
-
 struct CtlState {
     want: Want,
     parked: usize,
     exited: usize,
-    poll_seq: u64,
-    polls: Vec<(u64, CpuProbe)>,
     save_seq: u64,
     saves: Vec<(u64, Option<Result<VcpuState, String>>)>,
 }
@@ -69,19 +56,6 @@ fn lock(m: &Mutex<CtlState>) -> MutexGuard<'_, CtlState> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-const RFLAGS_IF: u64 = 1 << 9;
-
-fn probe(vcpu: &VcpuFd) -> CpuProbe {
-    let mp = vcpu.get_mp_state().map(|s| s.mp_state).unwrap_or(u32::MAX);
-    let regs = vcpu.get_regs().ok();
-    let iflag = regs.is_none_or(|r| r.rflags & RFLAGS_IF != 0);
-    CpuProbe {
-        rip: regs.map_or(0, |r| r.rip),
-        halted_for_good: mp == KVM_MP_STATE_HALTED && !iflag,
-        not_started: mp == KVM_MP_STATE_UNINITIALIZED || mp == KVM_MP_STATE_INIT_RECEIVED,
-    }
-}
-
 impl VcpuControl {
     pub fn new(count: usize, msr_list: Vec<u32>) -> Arc<Self> {
         Arc::new(Self {
@@ -91,8 +65,6 @@ impl VcpuControl {
                 want: Want::Run,
                 parked: 0,
                 exited: 0,
-                poll_seq: 0,
-                polls: vec![(0, CpuProbe::default()); count],
                 save_seq: 0,
                 saves: (0..count).map(|_| (0, None)).collect(),
             }),
@@ -114,13 +86,6 @@ impl VcpuControl {
         let mut st = lock(&self.state);
         let mut parked = false;
         loop {
-            let seq = st.poll_seq;
-            if let Some(slot) = st.polls.get_mut(id) {
-                if slot.0 != seq {
-                    *slot = (seq, probe(vcpu));
-                    self.cv.notify_all();
-                }
-            }
             match st.want {
                 Want::Run => {
                     if parked {
@@ -171,31 +136,20 @@ impl VcpuControl {
         }
     }
 
-    /// Kick until `done` holds or `timeout` passes.
+    /// Kick once, then wait until `done` holds or `timeout` passes.
     fn kick_until(
         &self,
         threads: &[JoinHandle<()>],
         timeout: Duration,
         done: impl Fn(&CtlState) -> bool,
     ) -> bool {
-        let start = Instant::now();
-        loop {
-            Self::kick(threads);
-            let st = lock(&self.state);
-            if done(&st) {
-                return true;
-            }
-            let (st, _) = self
-                .cv
-                .wait_timeout(st, Duration::from_millis(5))
-                .unwrap_or_else(|p| p.into_inner());
-            if done(&st) {
-                return true;
-            }
-            if start.elapsed() > timeout {
-                return false;
-            }
-        }
+        Self::kick(threads);
+        let st = lock(&self.state);
+        let (st, _) = self
+            .cv
+            .wait_timeout_while(st, timeout, |s| !done(s))
+            .unwrap_or_else(|p| p.into_inner());
+        done(&st)
     }
 
     /// Park every vCPU. Returns false if they did not all park in time.
@@ -251,59 +205,39 @@ impl VcpuControl {
         Some(st.saves.iter_mut().take(n).map(|s| s.1.take().unwrap_or_else(|| Err("no state".into()))).collect())
     }
 
-    /// Probe every vCPU (each answers from its own thread).
-    pub fn poll(&self, threads: &[JoinHandle<()>]) -> Option<Vec<CpuProbe>> {
-        let seq = {
-            let mut st = lock(&self.state);
-            st.poll_seq += 1;
-            st.poll_seq
-        };
-        self.attention.store(true, Ordering::Release);
-        let ok = self.kick_until(threads, Duration::from_millis(500), |s| {
-            s.exited > 0 || s.polls.iter().all(|p| p.0 == seq)
-        });
-        let st = lock(&self.state);
-        if st.want == Want::Run {
-            self.attention.store(false, Ordering::Release);
-        }
-        if !ok || st.exited > 0 {
-            return None;
-        }
-        Some(st.polls.iter().map(|p| p.1).collect())
-    }
 }
 
-extern "C" fn noop_handler(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
+thread_local! {
+    /// This thread's `kvm_run` (null on threads that run no vCPU).
+    static KVM_RUN: std::cell::Cell<*mut kvm_bindings::kvm_run> =
+        const { std::cell::Cell::new(std::ptr::null_mut()) };
+}
+
+extern "C" fn kick_handler(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    let run = KVM_RUN.with(std::cell::Cell::get);
+    if !run.is_null() {
+        // SAFETY: set by this thread's run loop to its vCPU's kvm_run
+        // mapping, which outlives the loop; a volatile byte store is
+        // async-signal-safe.
+        unsafe { std::ptr::addr_of_mut!((*run).immediate_exit).write_volatile(1) };
+        std::sync::atomic::fence(Ordering::Release);
+    }
+}
 
 /// The signal used to kick vCPUs out of KVM_RUN.
 pub fn kick_signal() -> libc::c_int {
     vmm_sys_util::signal::SIGRTMIN()
 }
 
-/// Install the no-op kick handler (once per process).
+/// Install the kick handler (once per process).
 pub fn install_kick_handler() -> std::io::Result<()> {
     static ONCE: std::sync::Once = std::sync::Once::new();
     let mut result = Ok(());
     ONCE.call_once(|| {
-        result = vmm_sys_util::signal::register_signal_handler(kick_signal(), noop_handler)
+        result = vmm_sys_util::signal::register_signal_handler(kick_signal(), kick_handler)
             .map_err(|e| std::io::Error::from_raw_os_error(e.errno()));
     });
     result
-}
-
-/// Decide whether the guest has halted for good: every CPU is halted with
-/// interrupts off or was never started, and the boot CPU is halted.
-///
-/// This is how `poweroff` ends a guest without ACPI: with no power-off
-/// driver, Linux turns `reboot(POWER_OFF)` into a halt — it stops the other
-/// CPUs and parks each one in `hlt` with interrupts disabled. Nothing but
-/// an NMI/INIT can wake such a CPU, so the VM is finished. (An idle CPU
-/// halts with interrupts enabled, so it is never mistaken for this.)
-pub fn guest_halted(probes: &[CpuProbe]) -> bool {
-    let Some(bsp) = probes.first() else {
-        return false;
-    };
-    bsp.halted_for_good && probes.iter().all(|p| p.halted_for_good || p.not_started)
 }
 
 /// Save a vCPU that is out of KVM_RUN. First a KVM_RUN with immediate_exit
@@ -345,6 +279,13 @@ pub fn spawn(
 
 /// Run until the guest exits (Some) or the VMM stops us (None).
 fn run_loop(id: usize, vcpu: &mut VcpuFd, bus: &Bus, ctl: &VcpuControl) -> Option<ExitReason> {
+    KVM_RUN.with(|r| r.set(vcpu.get_kvm_run()));
+    let reason = run_until_exit(id, vcpu, bus, ctl);
+    KVM_RUN.with(|r| r.set(std::ptr::null_mut()));
+    reason
+}
+
+fn run_until_exit(id: usize, vcpu: &mut VcpuFd, bus: &Bus, ctl: &VcpuControl) -> Option<ExitReason> {
     loop {
         if !ctl.checkpoint(id, vcpu) {
             return None;
@@ -393,22 +334,5 @@ fn run_loop(id: usize, vcpu: &mut VcpuFd, bus: &Bus, ctl: &VcpuControl) -> Optio
             }
             Err(e) => return Some(ExitReason::Error(format!("vcpu{id}: KVM_RUN failed: {e}"))),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn halt_detection() {
-        let halted = CpuProbe { halted_for_good: true, not_started: false, rip: 0 };
-        let idle = CpuProbe::default();
-        let off = CpuProbe { halted_for_good: false, not_started: true, rip: 0 };
-        assert!(guest_halted(&[halted]));
-        assert!(guest_halted(&[halted, off, halted]));
-        assert!(!guest_halted(&[halted, idle]));
-        assert!(!guest_halted(&[off, halted]));
-        assert!(!guest_halted(&[]));
     }
 }

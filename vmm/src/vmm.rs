@@ -2,8 +2,11 @@
 //!
 //! Threads: one per vCPU (KVM_RUN, register access of devices) and the VMM
 //! thread (this loop): virtqueue notifications (ioeventfds), vsock's host
-//! sockets, the i8042 reset line, vCPU exit events, the control API, and a
-//! 200 ms tick that checks whether the guest halted for good (poweroff).
+//! sockets, the i8042 reset line, vCPU exit events and the control API.
+//! Nothing runs on a timer: an idle guest costs the VMM no wakeups. A guest
+//! ends the VM by resetting (`reboot`, which the agent's power-off uses):
+//! with no ACPI a `poweroff` only halts its CPUs, and such a VM stays until
+//! it is stopped, as in Firecracker.
 
 mod restoring;
 mod snapshotting;
@@ -20,7 +23,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
 
 use kvm_bindings::{
     kvm_pit_config, kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES, KVM_MEM_LOG_DIRTY_PAGES,
@@ -444,14 +446,11 @@ impl Vmm {
         if autostart {
             self.start()?;
         }
-        let tick = Duration::from_millis(200);
-        let mut last_poll = Instant::now();
-        let mut halted_polls = 0;
         let mut events = [EpollEvent::default(); 32];
         loop {
             let mut out_events: Vec<Event> = Vec::new();
             let mut exit: Option<ExitReason> = None;
-            let n = match epoll.wait(200, &mut events) {
+            let n = match epoll.wait(-1, &mut events) {
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => 0,
                 Err(e) => return Err(VmmError::Io("epoll_wait", e)),
@@ -536,28 +535,6 @@ impl Vmm {
                 }
             }
             let _ = stdin_on;
-
-            // Poweroff detection (see vcpu::guest_halted).
-            if exit.is_none() && self.state == VmState::Running && last_poll.elapsed() >= tick {
-                last_poll = Instant::now();
-                match self.control.poll(&self.threads) {
-                    Some(p) if vcpu::guest_halted(&p) => {
-                        halted_polls += 1;
-                        if halted_polls >= 2 {
-                            // One line per VM: says where each vCPU halted, so
-                            // an unexpected "power off" can be placed in the
-                            // guest kernel (System.map).
-                            let rips: Vec<String> = p.iter().map(|c| format!("{:#x}", c.rip)).collect();
-                            tracing::warn!(
-                                "every vCPU halted with interrupts off (rip {}): the guest powered off",
-                                rips.join(", ")
-                            );
-                            exit = Some(ExitReason::Poweroff);
-                        }
-                    }
-                    _ => halted_polls = 0,
-                }
-            }
 
             if let Some(mut r) = exit {
                 if self.panicked.load(Ordering::SeqCst)

@@ -101,6 +101,73 @@ pub fn open_in_root(root: &OwnedFd, path: &CleanPath, flags: OFlag, mode: Mode) 
         .map_err(|e| AgentError::os(format!("open {}", path.display()), e))
 }
 
+/// Open the existing regular file `path` for `flags` (read, or write with
+/// append) without opening anything else on the way: it is resolved with
+/// `O_PATH` first (opening a FIFO blocks; opening a device node can act,
+/// e.g. arm a watchdog), checked, and only then reopened. Writes are
+/// refused on kernel pseudo file systems (`/proc/sysrq-trigger` is a
+/// regular file too).
+fn open_regular(root: &OwnedFd, path: &CleanPath, flags: OFlag) -> Result<OwnedFd> {
+    let o_path = open_in_root(root, path, OFlag::O_PATH, Mode::empty())?;
+    let st = nix::sys::stat::fstat(o_path.as_fd())
+        .map_err(|e| AgentError::os(format!("stat {}", path.display()), e))?;
+    if file_type(&st) != FileType::REGULAR {
+        return Err(invalid(format!(
+            "{} is not a regular file (it is a {})",
+            path.display(),
+            type_name(file_type(&st))
+        )));
+    }
+    let writing = flags.intersects(OFlag::O_WRONLY | OFlag::O_RDWR);
+    if writing {
+        if let Some(fs) = pseudo_fs(&o_path) {
+            return Err(AgentError::PermissionDenied(format!(
+                "{} is on {fs}: the file API does not write to kernel interfaces",
+                path.display()
+            )));
+        }
+    }
+    // Reopen the very inode just checked (not the path again).
+    nix::fcntl::open(
+        proc_fd_path(&o_path).as_str(),
+        flags | OFlag::O_CLOEXEC | OFlag::O_NOCTTY,
+        Mode::empty(),
+    )
+    .map_err(|e| AgentError::os(format!("open {}", path.display()), e))
+}
+
+fn type_name(t: FileType) -> &'static str {
+    match t {
+        FileType::DIRECTORY => "directory",
+        FileType::SYMLINK => "symbolic link",
+        FileType::REGULAR => "regular file",
+        _ => "device, FIFO or socket",
+    }
+}
+
+/// The kernel pseudo file system `fd` is on, if it is one.
+fn pseudo_fs(fd: &OwnedFd) -> Option<&'static str> {
+    let st = nix::sys::statfs::fstatfs(fd).ok()?;
+    // The f_type magic numbers of linux/magic.h.
+    let magic = st.filesystem_type().0 as i64;
+    [
+        (0x9fa0, "procfs"),
+        (0x6265_6572, "sysfs"),
+        (0x6367_7270, "cgroup2"),
+        (0x0027_e0eb, "cgroup"),
+        (0x6462_6720, "debugfs"),
+        (0x7472_6163, "tracefs"),
+        (0x7363_6673, "securityfs"),
+        (0xcafe_4a11, "bpffs"),
+        (0x6265_6570, "configfs"),
+        (0xde5e_81e4, "efivarfs"),
+        (0x6165_676c, "pstore"),
+    ]
+    .iter()
+    .find(|(m, _)| *m == magic)
+    .map(|(_, name)| *name)
+}
+
 /// openat2 may answer EAGAIN with RESOLVE_IN_ROOT when a rename raced with
 /// the lookup; retry a few times.
 fn retry_eagain<T>(mut f: impl FnMut() -> nix::Result<T>) -> nix::Result<T> {
@@ -173,12 +240,9 @@ pub fn read(
     offset: u64,
     max: u32,
 ) -> Result<(Vec<u8>, u64, bool)> {
-    let fd = open_in_root(root, path, OFlag::O_RDONLY, Mode::empty())?;
+    let fd = open_regular(root, path, OFlag::O_RDONLY)?;
     let st = nix::sys::stat::fstat(fd.as_fd())
         .map_err(|e| AgentError::os(format!("stat {}", path.display()), e))?;
-    if file_type(&st) != FileType::REGULAR {
-        return Err(invalid(format!("{} is not a regular file", path.display())));
-    }
     let size = u64::try_from(st.st_size).unwrap_or(0);
     // Read up to the cap whatever stat says: /proc and /sys files report
     // size 0 but have content.
@@ -240,12 +304,22 @@ pub fn write(
     let dir = open_dir_path(root, &parent)?;
     use std::io::Write;
     if append {
-        let fd = open_in_root(
-            root,
-            path,
-            OFlag::O_WRONLY | OFlag::O_APPEND | OFlag::O_CREAT,
-            Mode::from_bits_truncate(mode),
-        )?;
+        let flags = OFlag::O_WRONLY | OFlag::O_APPEND;
+        let fd = match open_regular(root, path, flags) {
+            // A new file: created beside its siblings, never through a
+            // symlink (O_EXCL): a dangling link stays "not found".
+            Err(AgentError::NotFound(missing)) => nix::fcntl::openat(
+                dir.as_fd(),
+                name,
+                flags | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                Mode::from_bits_truncate(mode),
+            )
+            .map_err(|e| match e {
+                Errno::EEXIST => AgentError::NotFound(missing),
+                e => AgentError::os(format!("create {}", path.display()), e),
+            })?,
+            other => other?,
+        };
         let mut f = std::fs::File::from(fd);
         return f
             .write_all(data)
@@ -428,6 +502,31 @@ pub fn proc_fd_path(fd: &OwnedFd) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn appending_to_a_kernel_interface_is_refused_before_opening_it() {
+        let root = open_root(Path::new("/")).expect("root");
+        // (/proc/sysrq-trigger where the kernel has one; drop_caches everywhere.)
+        let sysrq = CleanPath::parse("/proc/sys/vm/drop_caches").expect("path");
+        match open_regular(&root, &sysrq, OFlag::O_WRONLY | OFlag::O_APPEND) {
+            Err(AgentError::PermissionDenied(m)) => assert!(m.contains("procfs"), "{m}"),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        // Reading a /proc file stays allowed (it is the caller's own guest).
+        let meminfo = CleanPath::parse("/proc/meminfo").expect("path");
+        open_regular(&root, &meminfo, OFlag::O_RDONLY).expect("read /proc/meminfo");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = dir.path().join("plain");
+        std::fs::write(&f, "x").expect("write");
+        let fd = open_in_root(
+            &root,
+            &CleanPath::parse(f.to_str().expect("utf-8")).expect("path"),
+            OFlag::O_PATH,
+            Mode::empty(),
+        )
+        .expect("open");
+        assert_eq!(pseudo_fs(&fd), None);
+    }
 
     #[test]
     fn clean_path_clamps_dotdot_at_root() {

@@ -25,7 +25,10 @@ pub fn listen(port: u32) -> anyhow::Result<Listener> {
             match l.accept().await {
                 Ok((s, peer)) if allowed(peer.cid()) => return Some((Ok(s), l)),
                 Ok((_, peer)) => {
-                    tracing::warn!("refused a vsock connection from CID {} (only the host, CID 2, is served)", peer.cid());
+                    tracing::warn!(
+                        "refused a vsock connection from CID {} (only the host, CID 2, is served)",
+                        peer.cid()
+                    );
                 }
                 Err(e) => return Some((Err(e), l)),
             }

@@ -167,11 +167,16 @@ async fn serve(args: Args, pid1: bool) -> anyhow::Result<()> {
     ));
     let services = burrow_protocol::create_agent(service);
     let (addr, server) = match &args.listen {
-        Listen::Vsock(port) => (format!("vsock://-1:{port}"), Server::new().add_listener(host_only::listen(*port)?)),
+        Listen::Vsock(port) => (
+            format!("vsock://-1:{port}"),
+            Server::new().add_listener(host_only::listen(*port)?),
+        ),
         Listen::Unix(path) => {
             let _ = std::fs::remove_file(path);
             let addr = format!("unix://{}", path.display());
-            let server = Server::new().bind(&addr).with_context(|| format!("listen on {addr}"))?;
+            let server = Server::new()
+                .bind(&addr)
+                .with_context(|| format!("listen on {addr}"))?;
             (addr, server)
         }
     };

@@ -41,14 +41,20 @@ impl KernelLog {
             // One record per read; longer ones are cut (EINVAL would mean
             // our buffer is too small, which 8 KiB is not).
             let mut buf = [0u8; 8192];
-            match when_ready(kmsg, Interest::READABLE, |fd| nix::unistd::read(fd, &mut buf)).await {
+            match when_ready(kmsg, Interest::READABLE, |fd| {
+                nix::unistd::read(fd, &mut buf)
+            })
+            .await
+            {
                 Ok(n) if n > 0 => return,
                 // EPIPE: records were overwritten before we read them; the
                 // next read goes on from the oldest one left. Either way
                 // the count is worth reading again.
                 Err(e) if e.raw_os_error() == Some(libc::EPIPE) => return,
                 _ => {
-                    tracing::warn!("/dev/kmsg stopped; watching for OOM kills once a second instead");
+                    tracing::warn!(
+                        "/dev/kmsg stopped; watching for OOM kills once a second instead"
+                    );
                     self.kmsg = None;
                 }
             }

@@ -2,59 +2,15 @@
 //! (`burrow-agent --listen unix:PATH`, its test mode). Needs root, as the
 //! agent unshares namespaces and mounts container roots.
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use burrow_protocol::agent::*;
-use burrow_protocol::ttrpc::{self, context};
+use burrow_protocol::ttrpc;
 use burrow_protocol::AgentClient;
 
 mod support;
 
-struct TestAgent {
-    child: std::process::Child,
-    dir: tempfile::TempDir,
-    client: AgentClient,
-}
-
-impl TestAgent {
-    async fn start() -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let (child, client) = support::spawn_agent(dir.path(), &[], "warn").await;
-        TestAgent { child, dir, client }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    /// Peak resident memory of the agent (VmHWM), in KiB.
-    fn peak_rss_kib(&self) -> u64 {
-        let status =
-            std::fs::read_to_string(format!("/proc/{}/status", self.pid())).expect("agent status");
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .expect("VmHWM")
-    }
-}
-
-impl Drop for TestAgent {
-    fn drop(&mut self) {
-        // SAFETY-free: plain kill via the std API.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn ctx() -> context::Context {
-    context::with_duration(Duration::from_secs(60))
-}
+use support::{code_of, create, creq, ctx, make_rootfs, spec_json, TestAgent};
 
 fn process_json(args: &[&str], terminal: bool) -> Vec<u8> {
     serde_json::to_vec(&serde_json::json!({
@@ -107,13 +63,6 @@ async fn wait(a: &TestAgent, container: &str, id: &str) -> WaitProcessResponse {
     a.client.wait_process(ctx(), &req).await.expect("wait")
 }
 
-fn code_of<T: std::fmt::Debug>(r: ttrpc::Result<T>) -> (ttrpc::Code, String) {
-    match r {
-        Err(ttrpc::Error::RpcStatus(s)) => (s.code(), s.message().to_string()),
-        other => panic!("expected an RPC status error, got {other:?}"),
-    }
-}
-
 #[tokio::test]
 async fn health_reports_version() {
     let a = TestAgent::start().await;
@@ -161,7 +110,10 @@ async fn signals_end_a_process_and_are_reported() {
     // A finished process can be deleted; a second signal says it is gone.
     let (code, _) = code_of(a.client.signal_process(ctx(), &req).await);
     assert_eq!(code, ttrpc::Code::NOT_FOUND);
-    a.client.delete_process(ctx(), &preq("", "sleeper")).await.expect("delete process");
+    a.client
+        .delete_process(ctx(), &preq("", "sleeper"))
+        .await
+        .expect("delete process");
 }
 
 #[tokio::test]
@@ -283,7 +235,9 @@ async fn terminal_with_resize() {
 #[tokio::test]
 async fn a_process_gets_the_oom_score_its_spec_asks_for() {
     let a = TestAgent::start().await;
-    let mut p: serde_json::Value = serde_json::from_slice(&process_json(&["cat", "/proc/self/oom_score_adj"], false)).expect("json");
+    let mut p: serde_json::Value =
+        serde_json::from_slice(&process_json(&["cat", "/proc/self/oom_score_adj"], false))
+            .expect("json");
     p["oomScoreAdj"] = 500.into();
     let mut req = ExecProcessRequest::new();
     req.exec_id = "oom".into();
@@ -295,12 +249,22 @@ async fn a_process_gets_the_oom_score_its_spec_asks_for() {
     let kills = std::fs::read_to_string("/proc/vmstat")
         .expect("vmstat")
         .lines()
-        .find_map(|l| l.strip_prefix("oom_kill ").and_then(|v| v.trim().parse::<u64>().ok()))
+        .find_map(|l| {
+            l.strip_prefix("oom_kill ")
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        })
         .expect("oom_kill in /proc/vmstat");
     if let Some(seen) = kills.checked_sub(1) {
         let mut w = WaitOomKillRequest::new();
         w.seen = seen;
-        assert_eq!(a.client.wait_oom_kill(ctx(), &w).await.expect("wait oom").kills, kills);
+        assert_eq!(
+            a.client
+                .wait_oom_kill(ctx(), &w)
+                .await
+                .expect("wait oom")
+                .kills,
+            kills
+        );
     }
 }
 
@@ -333,76 +297,6 @@ async fn orphans_are_reaped() {
 
 /// A container root on this machine: the host's /usr bound read-only
 /// into an otherwise empty directory (with Debian's usr-merge symlinks).
-fn make_rootfs(base: &Path) -> PathBuf {
-    let root = base.join("rootfs");
-    for d in ["usr", "etc", "tmp", "root"] {
-        std::fs::create_dir_all(root.join(d)).expect("mkdir");
-    }
-    for l in ["bin", "lib", "lib64", "sbin"] {
-        std::os::unix::fs::symlink(format!("usr/{l}"), root.join(l)).expect("symlink");
-    }
-    std::fs::write(root.join("etc/marker"), "marker\n").expect("marker");
-    root
-}
-
-fn spec_json(args: &[&str]) -> Vec<u8> {
-    serde_json::to_vec(&serde_json::json!({
-        "ociVersion": "1.0.2",
-        "process": {
-            "args": args,
-            "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"],
-            "cwd": "/",
-            "user": {"uid": 0, "gid": 0},
-            "noNewPrivileges": true,
-            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 512}],
-            "capabilities": {
-                "bounding": ["CAP_CHOWN", "CAP_KILL", "CAP_SETUID", "CAP_SETGID"],
-                "effective": ["CAP_CHOWN", "CAP_KILL", "CAP_SETUID", "CAP_SETGID"],
-                "permitted": ["CAP_CHOWN", "CAP_KILL", "CAP_SETUID", "CAP_SETGID"]
-            }
-        },
-        "root": {"path": "rootfs", "readonly": false},
-        "hostname": "ctr-test",
-        "mounts": [
-            {"destination": "/proc", "type": "proc", "source": "proc"},
-            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
-            {"destination": "/dev/pts", "type": "devpts", "source": "devpts", "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]},
-            {"destination": "/usr", "type": "bind", "source": "/usr", "options": ["rbind", "ro"]}
-        ],
-        "linux": {
-            "namespaces": [{"type": "pid"}, {"type": "mount"}, {"type": "uts"}, {"type": "ipc"}],
-            "maskedPaths": ["/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
-                            "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware"],
-            "readonlyPaths": ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
-        }
-    }))
-    .expect("json")
-}
-
-async fn create(
-    a: &TestAgent,
-    id: &str,
-    rootfs: &Path,
-    args: &[&str],
-    stdin: bool,
-) -> ttrpc::Result<CreateContainerResponse> {
-    let mut req = CreateContainerRequest::new();
-    req.container_id = id.into();
-    req.oci_spec = spec_json(args);
-    req.stdin = stdin;
-    let mut r = Rootfs::new();
-    r.source = rootfs.display().to_string();
-    r.fstype = "bind".into();
-    req.rootfs = Some(r).into();
-    a.client.create_container(ctx(), &req).await
-}
-
-fn creq(id: &str) -> ContainerRequest {
-    let mut r = ContainerRequest::new();
-    r.container_id = id.into();
-    r
-}
-
 /// The request naming process `exec_id` ("" for init) of `container`.
 fn preq(container: &str, exec_id: &str) -> ProcessRequest {
     let mut r = ProcessRequest::new();
@@ -547,7 +441,10 @@ async fn exec_joins_a_running_container() {
     let out = String::from_utf8_lossy(&read_all(&a, "c2", "tty", false).await).into_owned();
     assert_eq!(out.trim(), "/dev/pts/0", "{out:?}");
     assert_eq!(wait(&a, "c2", "tty").await.exit_code, 0);
-    a.client.delete_process(ctx(), &preq("c2", "tty")).await.expect("delete process");
+    a.client
+        .delete_process(ctx(), &preq("c2", "tty"))
+        .await
+        .expect("delete process");
     let list = a
         .client
         .list_processes(ctx(), &creq("c2"))
@@ -568,151 +465,6 @@ async fn exec_joins_a_running_container() {
     assert_eq!(code, ttrpc::Code::FAILED_PRECONDITION, "{msg}");
     a.client
         .delete_container(ctx(), &creq("c2"))
-        .await
-        .expect("delete");
-}
-
-#[tokio::test]
-async fn files_round_trip_and_refuse_escapes() {
-    let a = TestAgent::start().await;
-    let rootfs = make_rootfs(a.path());
-    std::fs::write(a.path().join("secret"), "host secret").expect("secret");
-    std::os::unix::fs::symlink("../secret", rootfs.join("rel-link")).expect("symlink");
-    std::os::unix::fs::symlink(a.path().join("secret"), rootfs.join("abs-link")).expect("symlink");
-    std::os::unix::fs::symlink("/../../../..", rootfs.join("up")).expect("symlink");
-    create(&a, "f", &rootfs, &["true"], false)
-        .await
-        .expect("create");
-    let c = "f";
-
-    let mut mk = MakeDirRequest::new();
-    mk.container_id = c.into();
-    mk.path = "/work/a/b".into();
-    mk.parents = true;
-    a.client.make_dir(ctx(), &mk).await.expect("mkdir -p");
-
-    let mut w = WriteFileRequest::new();
-    w.container_id = c.into();
-    w.path = "/work/a/b/hello.txt".into();
-    w.data = b"hello files".to_vec();
-    w.mode = 0o600;
-    a.client.write_file(ctx(), &w).await.expect("write");
-    assert_eq!(
-        std::fs::read(rootfs.join("work/a/b/hello.txt")).expect("on disk"),
-        b"hello files"
-    );
-
-    let mut r = ReadFileRequest::new();
-    r.container_id = c.into();
-    r.path = "work/a/b/hello.txt".into();
-    r.offset = 6;
-    r.max_bytes = 3;
-    let got = a.client.read_file(ctx(), &r).await.expect("read");
-    assert_eq!(
-        (got.data.as_slice(), got.size, got.eof),
-        (&b"fil"[..], 11, false)
-    );
-
-    let mut st = PathRequest::new();
-    st.container_id = c.into();
-    st.path = "/work/a/b/hello.txt".into();
-    let info = a.client.stat(ctx(), &st).await.expect("stat");
-    assert_eq!(
-        (info.size, info.mode, info.type_.enum_value_or_default()),
-        (11, 0o600, FileType::REGULAR)
-    );
-
-    let mut ls = ListDirRequest::new();
-    ls.container_id = c.into();
-    ls.path = "/".into();
-    let list = a.client.list_dir(ctx(), &ls).await.expect("list");
-    let names: Vec<&str> = list.entries.iter().map(|e| e.name.as_str()).collect();
-    assert!(
-        names.contains(&"work") && names.contains(&"etc") && names.contains(&"rel-link"),
-        "{names:?}"
-    );
-    let link = list
-        .entries
-        .iter()
-        .find(|e| e.name == "rel-link")
-        .expect("rel-link");
-    assert_eq!(link.type_.enum_value_or_default(), FileType::SYMLINK);
-    assert_eq!(link.symlink_target, "../secret");
-
-    // Escapes: `..`, relative and absolute symlinks all stay inside.
-    for path in [
-        "../secret",
-        "/../../secret",
-        "rel-link",
-        "abs-link",
-        "up/secret",
-        "up/etc/marker",
-    ] {
-        r.path = path.into();
-        r.offset = 0;
-        r.max_bytes = 0;
-        match a.client.read_file(ctx(), &r).await {
-            Ok(got) => assert_eq!(
-                got.data,
-                b"marker\n",
-                "{path} read {:?}",
-                String::from_utf8_lossy(&got.data)
-            ),
-            Err(e) => {
-                let (code, msg) = code_of::<()>(Err(e));
-                assert_eq!(code, ttrpc::Code::NOT_FOUND, "{path}: {msg}");
-            }
-        }
-    }
-    // Writing through a link that points outside replaces the link, and
-    // appending through it lands inside the root.
-    w.path = "rel-link".into();
-    w.data = b"inside".to_vec();
-    a.client
-        .write_file(ctx(), &w)
-        .await
-        .expect("write over link");
-    w.path = "abs-link".into();
-    w.append = true;
-    // The link's target, taken inside the root, has no parent directory.
-    let (code, msg) = code_of(a.client.write_file(ctx(), &w).await);
-    assert_eq!(code, ttrpc::Code::NOT_FOUND, "{msg}");
-    w.path = "up/etc/marker".into();
-    a.client
-        .write_file(ctx(), &w)
-        .await
-        .expect("append through a link to /");
-    assert_eq!(
-        std::fs::read(a.path().join("secret")).expect("secret"),
-        b"host secret"
-    );
-    assert_eq!(
-        std::fs::read(rootfs.join("rel-link")).expect("replaced"),
-        b"inside"
-    );
-    assert_eq!(
-        std::fs::read(rootfs.join("etc/marker")).expect("appended inside"),
-        b"marker\ninside"
-    );
-
-    // Remove: a file, then a tree.
-    let mut rm = RemoveRequest::new();
-    rm.container_id = c.into();
-    rm.path = "/work".into();
-    let (code, _) = code_of(a.client.remove(ctx(), &rm).await);
-    assert_eq!(
-        code,
-        ttrpc::Code::INVALID_ARGUMENT,
-        "non-empty dir without recursive"
-    );
-    rm.recursive = true;
-    a.client.remove(ctx(), &rm).await.expect("rm -r");
-    assert!(!rootfs.join("work").exists());
-    rm.path = "/".into();
-    let (code, _) = code_of(a.client.remove(ctx(), &rm).await);
-    assert_eq!(code, ttrpc::Code::INVALID_ARGUMENT);
-    a.client
-        .delete_container(ctx(), &creq("f"))
         .await
         .expect("delete");
 }

@@ -73,6 +73,10 @@ impl AgentService {
     async fn create(&self, req: CreateContainerRequest) -> Result<CreateContainerResponse> {
         container::check_id("container id", &req.container_id)?;
         let spec = container::parse_spec(&req.oci_spec)?;
+        // Compiled before anything is mounted: a profile burrow cannot
+        // apply is a clear error, never skipped.
+        let seccomp =
+            container::seccomp::compile(spec.linux().as_ref().and_then(|l| l.seccomp().as_ref()))?;
         let rootfs = req
             .rootfs
             .into_option()
@@ -121,7 +125,7 @@ impl AgentService {
                 hostname,
                 pid: pid_masks,
             };
-            container::start_process("", process, &rootfs_path, ns, req.stdin, true).await
+            container::start_process("", process, &rootfs_path, ns, &seccomp, req.stdin, true).await
         }
         .await;
         let init = match started {
@@ -138,6 +142,7 @@ impl AgentService {
             rootfs: rootfs_path,
             own_pid_ns,
             processes: Mutex::new(HashMap::from([(String::new(), Arc::new(init))])),
+            seccomp,
         };
         self.containers
             .lock()
@@ -229,7 +234,16 @@ impl AgentService {
             )
         };
         let p = Arc::new(
-            container::start_process(&req.exec_id, &oci, &pty_root, ns, req.stdin, false).await?,
+            container::start_process(
+                &req.exec_id,
+                &oci,
+                &pty_root,
+                ns,
+                &c.seccomp,
+                req.stdin,
+                false,
+            )
+            .await?,
         );
         let pid = p.pid;
         let mut procs = c.processes.lock().unwrap_or_else(|p| p.into_inner());

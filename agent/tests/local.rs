@@ -10,7 +10,9 @@ use burrow_protocol::AgentClient;
 
 mod support;
 
-use support::{code_of, create, creq, ctx, make_rootfs, spec_json, TestAgent};
+use support::{
+    code_of, create, creq, ctx, make_rootfs, preq, read_all, spec_json, wait, TestAgent,
+};
 
 fn process_json(args: &[&str], terminal: bool) -> Vec<u8> {
     serde_json::to_vec(&serde_json::json!({
@@ -37,30 +39,6 @@ async fn exec(
     req.oci_process = process_json(args, false);
     req.stdin = stdin;
     a.client.exec_process(ctx(), &req).await
-}
-
-async fn read_all(a: &TestAgent, container: &str, id: &str, stderr: bool) -> Vec<u8> {
-    let mut out = Vec::new();
-    loop {
-        let mut req = ReadStreamRequest::new();
-        req.container_id = container.into();
-        req.exec_id = id.into();
-        let r = if stderr {
-            a.client.read_stderr(ctx(), &req).await
-        } else {
-            a.client.read_stdout(ctx(), &req).await
-        }
-        .expect("read stream");
-        if r.eof {
-            return out;
-        }
-        out.extend_from_slice(&r.data);
-    }
-}
-
-async fn wait(a: &TestAgent, container: &str, id: &str) -> WaitProcessResponse {
-    let req = preq(container, id);
-    a.client.wait_process(ctx(), &req).await.expect("wait")
 }
 
 #[tokio::test]
@@ -297,14 +275,6 @@ async fn orphans_are_reaped() {
 
 /// A container root on this machine: the host's /usr bound read-only
 /// into an otherwise empty directory (with Debian's usr-merge symlinks).
-/// The request naming process `exec_id` ("" for init) of `container`.
-fn preq(container: &str, exec_id: &str) -> ProcessRequest {
-    let mut r = ProcessRequest::new();
-    r.container_id = container.into();
-    r.exec_id = exec_id.into();
-    r
-}
-
 #[tokio::test]
 async fn container_runs_its_spec() {
     let a = TestAgent::start().await;

@@ -75,7 +75,8 @@ pub fn wait_output(mut child: Child, limit: Duration) -> (Output, bool) {
 /// burrow config for the ctr suites in the nested test host: guests boot
 /// slowly there (QEMU TCG), most of all several at once, so the timeouts
 /// are generous; 256 MiB guests.
-pub const NESTED_CONFIG: &str = "agent_timeout_secs = 60\nboot_timeout_secs = 900\n[memory_mib]\ndefault = 256\n";
+pub const NESTED_CONFIG: &str =
+    "agent_timeout_secs = 60\nboot_timeout_secs = 900\n[memory_mib]\ndefault = 256\n";
 
 /// How long a nested guest may take to get somewhere (tests assert no
 /// timings), and how long a finished test's cleanup may take.
@@ -336,18 +337,31 @@ impl Containerd {
         for root in [self.burrow_state(), self.snapshot_dir()] {
             let mut stack = vec![root];
             while let Some(p) = stack.pop() {
-                let Ok(meta) = std::fs::symlink_metadata(&p) else { continue };
+                let Ok(meta) = std::fs::symlink_metadata(&p) else {
+                    continue;
+                };
                 if meta.permissions().mode() & 0o077 != 0 {
-                    open.push(format!("{:o} {}", meta.permissions().mode() & 0o7777, p.display()));
+                    open.push(format!(
+                        "{:o} {}",
+                        meta.permissions().mode() & 0o7777,
+                        p.display()
+                    ));
                 }
                 if meta.is_dir() {
-                    stack.extend(std::fs::read_dir(&p).into_iter().flatten().flatten().map(|e| e.path()));
+                    stack.extend(
+                        std::fs::read_dir(&p)
+                            .into_iter()
+                            .flatten()
+                            .flatten()
+                            .map(|e| e.path()),
+                    );
                 }
                 seen.push(p);
             }
         }
         assert!(
-            seen.iter().any(|p| p.file_name().is_some_and(|n| n == "console.log")),
+            seen.iter()
+                .any(|p| p.file_name().is_some_and(|n| n == "console.log")),
             "no VM console under {}: {seen:?}",
             self.burrow_state().display()
         );

@@ -24,7 +24,8 @@ fn make_disk(dir: &Path) -> PathBuf {
     for d in ["bin", "etc", "tmp", "proc", "sys", "dev", "root"] {
         std::fs::create_dir_all(tree.join(d)).unwrap();
     }
-    std::fs::copy("/bin/busybox", tree.join("bin/busybox")).expect("/bin/busybox (busybox-static) on the test host");
+    std::fs::copy("/bin/busybox", tree.join("bin/busybox"))
+        .expect("/bin/busybox (busybox-static) on the test host");
     let list = Command::new("/bin/busybox").arg("--list").output().unwrap();
     for applet in String::from_utf8_lossy(&list.stdout).lines() {
         if applet != "busybox" {
@@ -46,7 +47,15 @@ fn make_disk(dir: &Path) -> PathBuf {
 }
 
 fn boot(dir: &Path, disk: &Path) -> Vm {
-    agent_vm::boot(dir, 512, &[Disk { path: disk, read_only: false }], "quiet")
+    agent_vm::boot(
+        dir,
+        512,
+        &[Disk {
+            path: disk,
+            read_only: false,
+        }],
+        "quiet",
+    )
 }
 
 fn ctx() -> context::Context {
@@ -77,7 +86,12 @@ fn process_json(args: &[&str]) -> Vec<u8> {
     .unwrap()
 }
 
-async fn exec(c: &AgentClient, container: &str, id: &str, args: &[&str]) -> ttrpc::Result<ExecProcessResponse> {
+async fn exec(
+    c: &AgentClient,
+    container: &str,
+    id: &str,
+    args: &[&str],
+) -> ttrpc::Result<ExecProcessResponse> {
     let mut req = ExecProcessRequest::new();
     req.container_id = container.into();
     req.exec_id = id.into();
@@ -157,10 +171,15 @@ fn agent_in_a_vm_runs_a_busybox_container() {
             assert!(!chunk.eof, "{:?}", String::from_utf8_lossy(&seen));
             seen.extend_from_slice(&chunk.data);
         }
-        assert_eq!(String::from_utf8_lossy(&seen), "hello from busybox\nfrom the disk\nbb\n");
+        assert_eq!(
+            String::from_utf8_lossy(&seen),
+            "hello from busybox\nfrom the disk\nbb\n"
+        );
 
         // Exit codes and signals.
-        exec(&c, "bb", "seven", &["sh", "-c", "exit 7"]).await.unwrap();
+        exec(&c, "bb", "seven", &["sh", "-c", "exit 7"])
+            .await
+            .unwrap();
         assert_eq!(wait(&c, "bb", "seven").await.exit_code, 7);
         exec(&c, "bb", "sleeper", &["sleep", "1000"]).await.unwrap();
         let mut kill = SignalProcessRequest::new();
@@ -183,7 +202,12 @@ fn agent_in_a_vm_runs_a_busybox_container() {
         // The expected bytes from any offset: the line repeated, compared a
         // slice at a time (byte-wise asserts are slow in the nested host).
         let window = 1 << 20;
-        let expected: Vec<u8> = line.iter().copied().cycle().take(window + line.len()).collect();
+        let expected: Vec<u8> = line
+            .iter()
+            .copied()
+            .cycle()
+            .take(window + line.len())
+            .collect();
         let mut got = 0usize;
         loop {
             let mut r = ReadStreamRequest::new();
@@ -195,14 +219,21 @@ fn agent_in_a_vm_runs_a_busybox_container() {
             }
             for piece in chunk.data.chunks(window) {
                 let off = got % line.len();
-                assert!(piece == &expected[off..off + piece.len()], "corrupt data in bytes {got}..{}", got + piece.len());
+                assert!(
+                    piece == &expected[off..off + piece.len()],
+                    "corrupt data in bytes {got}..{}",
+                    got + piece.len()
+                );
                 got += piece.len();
             }
         }
         assert_eq!(got, total);
         assert_eq!(wait(&c, "bb", "big").await.exit_code, 0);
         let after = agent_peak_kib(&c).await;
-        assert!(after < before + 32 * 1024, "agent peak RSS {before} KiB -> {after} KiB");
+        assert!(
+            after < before + 32 * 1024,
+            "agent peak RSS {before} KiB -> {after} KiB"
+        );
 
         // Files round-trip; escapes are refused.
         let mut w = WriteFileRequest::new();
@@ -214,24 +245,46 @@ fn agent_in_a_vm_runs_a_busybox_container() {
         let mut r = ReadFileRequest::new();
         r.container_id = "bb".into();
         r.path = "/root/notes/a.txt".into();
-        assert_eq!(c.read_file(ctx(), &r).await.unwrap().data, b"written by the test");
+        assert_eq!(
+            c.read_file(ctx(), &r).await.unwrap().data,
+            b"written by the test"
+        );
         let mut ls = ListDirRequest::new();
         ls.container_id = "bb".into();
         ls.path = "/root/notes".into();
-        let names: Vec<String> = c.list_dir(ctx(), &ls).await.unwrap().entries.into_iter().map(|e| e.name).collect();
+        let names: Vec<String> = c
+            .list_dir(ctx(), &ls)
+            .await
+            .unwrap()
+            .entries
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
         assert_eq!(names, vec!["a.txt".to_string()]);
-        exec(&c, "bb", "cat", &["cat", "/root/notes/a.txt"]).await.unwrap();
+        exec(&c, "bb", "cat", &["cat", "/root/notes/a.txt"])
+            .await
+            .unwrap();
         assert_eq!(read_all(&c, "bb", "cat").await, b"written by the test");
         for escape in ["../../../../init", "escape"] {
             r.path = escape.into();
-            assert_eq!(code_of(c.read_file(ctx(), &r).await), ttrpc::Code::NOT_FOUND, "{escape}");
+            assert_eq!(
+                code_of(c.read_file(ctx(), &r).await),
+                ttrpc::Code::NOT_FOUND,
+                "{escape}"
+            );
         }
         // Malformed requests: clear errors, agent still serving.
-        assert_eq!(code_of(exec(&c, "nope", "x", &["true"]).await), ttrpc::Code::NOT_FOUND);
+        assert_eq!(
+            code_of(exec(&c, "nope", "x", &["true"]).await),
+            ttrpc::Code::NOT_FOUND
+        );
         let mut bad = CreateContainerRequest::new();
         bad.container_id = "bad".into();
         bad.oci_spec = b"{".to_vec();
-        assert_eq!(code_of(c.create_container(ctx(), &bad).await), ttrpc::Code::INVALID_ARGUMENT);
+        assert_eq!(
+            code_of(c.create_container(ctx(), &bad).await),
+            ttrpc::Code::INVALID_ARGUMENT
+        );
 
         c.delete_container(ctx(), &start).await.unwrap();
         c.power_off(ctx(), &PowerOffRequest::new()).await.unwrap();
@@ -250,7 +303,10 @@ fn ps_as_pid_1_lists_itself_in_every_container() {
     let dir = burrow_tests::scratch_dir("agent-vm-ps");
     let disk = make_disk(&dir);
     let mut vm = boot(&dir, &disk);
-    let n: usize = std::env::var("BURROW_TEST_REPEAT").ok().and_then(|v| v.parse().ok()).unwrap_or(40);
+    let n: usize = std::env::var("BURROW_TEST_REPEAT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(40);
     let _ = agent_vm::drive(&mut vm, BOOT_TIMEOUT, |c| async move {
         let mut bad = Vec::new();
         let started = std::time::Instant::now();
@@ -293,13 +349,22 @@ fn ps_as_pid_1_lists_itself_in_every_container() {
             let w = wait(&c, &id, "").await;
             let ok = out.contains("visible:\nPID   COMMAND\n    1 ") && w.exit_code == 0;
             if !ok {
-                bad.push(format!("run {i} ({}): exit {}, stdout {out:?}", if diag { "with /proc details" } else { "plain" }, w.exit_code));
+                bad.push(format!(
+                    "run {i} ({}): exit {}, stdout {out:?}",
+                    if diag { "with /proc details" } else { "plain" },
+                    w.exit_code
+                ));
             }
             c.delete_container(ctx(), &start).await.unwrap();
         }
         eprintln!("{n} containers in {:?}", started.elapsed());
         c.power_off(ctx(), &PowerOffRequest::new()).await.unwrap();
-        assert!(bad.is_empty(), "{} of {n} listings lost ps's own row:\n{}", bad.len(), bad.join("\n"));
+        assert!(
+            bad.is_empty(),
+            "{} of {n} listings lost ps's own row:\n{}",
+            bad.len(),
+            bad.join("\n")
+        );
     });
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -29,12 +29,7 @@ fn cli_tools_exec_files_edit_paging_and_wake_from_hibernation() {
     c.wait_status(ID, "RUNNING", LONG);
 
     // exec: both streams, and the command's own exit status.
-    let r = exec(&c, &[
-                "--",
-        "sh",
-        "-c",
-        "echo hi; echo oops >&2; exit 3",
-    ]);
+    let r = exec(&c, &["--", "sh", "-c", "echo hi; echo oops >&2; exit 3"]);
     assert_eq!(
         r.code,
         Some(3),
@@ -44,26 +39,27 @@ fn cli_tools_exec_files_edit_paging_and_wake_from_hibernation() {
     assert_eq!(r.stdout, "hi\n", "{r:?}");
     assert!(r.stderr.starts_with("oops\n"), "{r:?}");
     // --cwd and --env reach the command.
-    let r = exec(&c, &[
-                "--cwd",
-        "/tmp",
-        "-e",
-        "GREETING=hello",
-        "--",
-        "sh",
-        "-c",
-        "echo $GREETING from $(pwd)",
-    ]);
+    let r = exec(
+        &c,
+        &[
+            "--cwd",
+            "/tmp",
+            "-e",
+            "GREETING=hello",
+            "--",
+            "sh",
+            "-c",
+            "echo $GREETING from $(pwd)",
+        ],
+    );
     ok(&c, "exec with --cwd and --env", &r);
     assert_eq!(r.stdout, "hello from /tmp\n", "{r:?}");
 
     // A flood is capped to its head and tail, and says what was cut.
-    let r = exec(&c, &[
-                "--",
-        "sh",
-        "-c",
-        "head -c 1000000 /dev/zero | tr '\\0' a",
-    ]);
+    let r = exec(
+        &c,
+        &["--", "sh", "-c", "head -c 1000000 /dev/zero | tr '\\0' a"],
+    );
     ok(&c, "exec a flood", &r);
     assert!(
         r.stdout.len() < 34_000,
@@ -78,14 +74,17 @@ fn cli_tools_exec_files_edit_paging_and_wake_from_hibernation() {
     assert!(r.stdout.starts_with("aaaa") && r.stdout.ends_with("aaaa"));
     assert!(r.stderr.contains("967232 bytes of stdout cut"), "{r:?}");
     // A command past its timeout is killed: status 124, its output so far.
-    let r = exec(&c, &[
-                "--timeout",
-        "10",
-        "--",
-        "sh",
-        "-c",
-        "echo started; exec sleep 1000",
-    ]);
+    let r = exec(
+        &c,
+        &[
+            "--timeout",
+            "10",
+            "--",
+            "sh",
+            "-c",
+            "echo started; exec sleep 1000",
+        ],
+    );
     assert_eq!(r.code, Some(124), "{r:?}\n{}", c.diagnostics());
     assert_eq!(r.stdout, "started\n", "{r:?}");
     assert!(r.stderr.contains("killed after 10 s"), "{r:?}");

@@ -24,7 +24,10 @@ async fn read_all(a: &Agent, id: &str, stream: Stream) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shim_agent_client_runs_a_container() {
     let busybox = std::path::Path::new("/bin/busybox");
-    assert!(busybox.is_file(), "needs a static /bin/busybox (package busybox-static)");
+    assert!(
+        busybox.is_file(),
+        "needs a static /bin/busybox (package busybox-static)"
+    );
     let d = std::env::temp_dir().join(format!("burrow-shim-agent-{}", std::process::id()));
     let root = d.join("rootfs");
     for sub in ["bin", "proc", "sys", "dev", "tmp"] {
@@ -42,9 +45,13 @@ async fn shim_agent_client_runs_a_container() {
         .spawn()
         .expect("start burrow-agent");
 
-    let a = Agent::connect(&AgentAddr::Unix(sock), Duration::from_secs(10), Duration::from_secs(20))
-        .await
-        .expect("connect to the agent");
+    let a = Agent::connect(
+        &AgentAddr::Unix(sock),
+        Duration::from_secs(10),
+        Duration::from_secs(20),
+    )
+    .await
+    .expect("connect to the agent");
     let spec = serde_json::json!({
         "ociVersion": "1.0.2",
         "process": {
@@ -64,7 +71,10 @@ async fn shim_agent_client_runs_a_container() {
         ..Default::default()
     };
     let json = serde_json::to_vec(&guest).expect("json");
-    let pid = a.create_container("c1", &json, rootfs, false).await.expect("create");
+    let pid = a
+        .create_container("c1", &json, rootfs, false)
+        .await
+        .expect("create");
     assert!(pid > 0);
     a.start_container("c1").await.expect("start");
     let out = read_all(&a, "c1", Stream::Stdout).await;
@@ -73,10 +83,19 @@ async fn shim_agent_client_runs_a_container() {
     assert_eq!(String::from_utf8_lossy(&out), "hi\n");
     assert_eq!(String::from_utf8_lossy(&err), "oops\n");
     let procs = a.processes("c1").await.expect("processes");
-    assert!(procs.iter().any(|p| p.pid == pid && !p.running), "{procs:?}");
+    assert!(
+        procs.iter().any(|p| p.pid == pid && !p.running),
+        "{procs:?}"
+    );
     a.delete_container("c1").await.expect("delete");
-    let gone = a.start_container("c1").await.expect_err("deleted container");
-    assert!(gone.to_string().contains("not found") || gone.to_string().contains("no container"), "{gone}");
+    let gone = a
+        .start_container("c1")
+        .await
+        .expect_err("deleted container");
+    assert!(
+        gone.to_string().contains("not found") || gone.to_string().contains("no container"),
+        "{gone}"
+    );
 
     let _ = agent.kill().await;
     let _ = std::fs::remove_dir_all(&d);

@@ -16,7 +16,10 @@ fn containerd(name: &str) -> Containerd {
 /// How many times the repeat test runs each command (BURROW_TEST_REPEAT;
 /// 8 by default: at 12, its 24 nested VM starts took most of shim_load's 873 s).
 fn repeats() -> usize {
-    std::env::var("BURROW_TEST_REPEAT").ok().and_then(|v| v.parse().ok()).unwrap_or(8)
+    std::env::var("BURROW_TEST_REPEAT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(8)
 }
 
 /// hack/demo's command, many times: `ps`, the container's last command, is
@@ -45,10 +48,15 @@ fn every_line_arrives_in_repeated_runs() {
             failures.push(format!("ps, run {i}: {r:?}"));
         }
     }
-    let expected: String = (1..=300).map(|k| format!("{k}\n")).collect::<String>() + "the last line\n";
+    let expected: String =
+        (1..=300).map(|k| format!("{k}\n")).collect::<String>() + "the last line\n";
     for i in 0..n {
         let id = format!("t-last-{i}");
-        let r = c.ctr(&run(&["--rm"], &id, &["sh", "-c", "seq 1 300; echo the last line"]));
+        let r = c.ctr(&run(
+            &["--rm"],
+            &id,
+            &["sh", "-c", "seq 1 300; echo the last line"],
+        ));
         if r.code != Some(0) || r.stdout != expected {
             failures.push(format!(
                 "last line, run {i}: code {:?}, stdout ends {:?}, stderr {:?}",
@@ -58,7 +66,14 @@ fn every_line_arrives_in_repeated_runs() {
             ));
         }
     }
-    assert!(failures.is_empty(), "{} of {} runs lost output:\n{}\n{}", failures.len(), 2 * n, failures.join("\n"), c.diagnostics());
+    assert!(
+        failures.is_empty(),
+        "{} of {} runs lost output:\n{}\n{}",
+        failures.len(),
+        2 * n,
+        failures.join("\n"),
+        c.diagnostics()
+    );
     c.assert_clean(CLEAN);
 }
 
@@ -76,9 +91,16 @@ fn five_containers_at_once() {
     for (id, child) in ids.iter().zip(children) {
         let (out, killed) = wait_output(child, LONG);
         assert!(!killed, "{id} hung\n{}", c.diagnostics());
-        assert_eq!(out.status.code(), Some(0), "{id}: {out:?}\n{}", c.diagnostics());
-        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("hello {id}"));
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{id}: {out:?}\n{}",
+            c.diagnostics()
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            format!("hello {id}")
+        );
     }
     c.assert_clean(CLEAN);
 }
-

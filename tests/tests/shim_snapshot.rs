@@ -182,7 +182,12 @@ fn checkpoint_then_restore_continues_the_process_tree_three_times_and_refuses_a_
     // containerd's other verb: `ctr task checkpoint` (pause, checkpoint into
     // the content store, resume).
     let tc = c.ctr(&["task", "checkpoint", "t-src"]);
-    assert_eq!(tc.code, Some(0), "task checkpoint: {tc:?}\n{}", c.diagnostics());
+    assert_eq!(
+        tc.code,
+        Some(0),
+        "task checkpoint: {tc:?}\n{}",
+        c.diagnostics()
+    );
     assert!(tc.stdout.contains("checkpoint"), "no image name: {tc:?}");
     c.wait_status("t-src", "RUNNING", LONG);
     // Its blobs must go before the next checkpoint of this container:
@@ -204,12 +209,35 @@ fn checkpoint_then_restore_continues_the_process_tree_three_times_and_refuses_a_
     let state_dir = c.burrow_state().display().to_string();
     // Read before the checkpoint: the restored counter starts from at least this.
     let named_at = counter(&c, "t-src", "c-named");
-    let nc = c.burrow(&["sandbox", "checkpoint", "--state-dir", &state_dir, "t-src", "named1"]);
-    assert_eq!(nc.code, Some(0), "burrow sandbox checkpoint: {nc:?}\n{}", c.diagnostics());
+    let nc = c.burrow(&[
+        "sandbox",
+        "checkpoint",
+        "--state-dir",
+        &state_dir,
+        "t-src",
+        "named1",
+    ]);
+    assert_eq!(
+        nc.code,
+        Some(0),
+        "burrow sandbox checkpoint: {nc:?}\n{}",
+        c.diagnostics()
+    );
     let named = c.snapshot_dir().join(".checkpoints/named1");
     assert!(named.join("burrow.json").is_file(), "{nc:?}");
-    let again = c.burrow(&["sandbox", "checkpoint", "--state-dir", &state_dir, "t-src", "named1"]);
-    assert_ne!(again.code, Some(0), "a named checkpoint was overwritten: {again:?}");
+    let again = c.burrow(&[
+        "sandbox",
+        "checkpoint",
+        "--state-dir",
+        &state_dir,
+        "t-src",
+        "named1",
+    ]);
+    assert_ne!(
+        again.code,
+        Some(0),
+        "a named checkpoint was overwritten: {again:?}"
+    );
     assert!(again.stderr.contains("remove it first"), "{again:?}");
     remove(&c, "t-src");
 
@@ -244,7 +272,8 @@ fn checkpoint_then_restore_continues_the_process_tree_three_times_and_refuses_a_
             std::thread::sleep(Duration::from_secs(1));
         }
         // The clock was stepped to the host's time.
-        let guest: i64 = c.exec_ok(id, "r-date", &["date", "+%s"])
+        let guest: i64 = c
+            .exec_ok(id, "r-date", &["date", "+%s"])
             .trim()
             .parse()
             .unwrap();
@@ -278,7 +307,10 @@ fn checkpoint_then_restore_continues_the_process_tree_three_times_and_refuses_a_
         &["sh", "-c", "echo this process must not start; exit 3"],
     );
     let got = counter(&c, "t-named", "n-c1");
-    assert!(got >= named_at, "t-named: the counter restarted: {got} < {named_at}");
+    assert!(
+        got >= named_at,
+        "t-named: the counter restarted: {got} < {named_at}"
+    );
     assert_eq!(long_lived(&c, "t-named", "n-ps"), procs);
     remove(&c, "t-named");
     c.assert_clean(CLEAN);

@@ -703,10 +703,19 @@ fn wakeups(pid: i32) -> std::collections::BTreeMap<String, u64> {
     let mut by_name = std::collections::BTreeMap::new();
     let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the process runs");
     for t in tasks.flatten() {
-        let Ok(status) = std::fs::read_to_string(t.path().join("status")) else { continue };
-        let field = |k: &str| status.lines().find_map(|l| l.strip_prefix(k)).map(str::trim);
+        let Ok(status) = std::fs::read_to_string(t.path().join("status")) else {
+            continue;
+        };
+        let field = |k: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(k))
+                .map(str::trim)
+        };
         let name = field("Name:").unwrap_or("?").to_string();
-        let n: u64 = field("voluntary_ctxt_switches:").and_then(|v| v.parse().ok()).unwrap_or(0);
+        let n: u64 = field("voluntary_ctxt_switches:")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
         *by_name.entry(name).or_insert(0) += n;
     }
     by_name
@@ -746,12 +755,25 @@ fn an_idle_sandbox_wakes_nothing_on_the_host() {
     let (vmm1, shim1) = (wakeups_since(&vmm0, vmm), wakeups_since(&shim0, shim));
     eprintln!("wakeups in 30 s idle: burrow-vmm {vmm1:?}; shim {shim1:?}");
     let event_loop = vmm1.get("burrow-vmm").copied().unwrap_or(0);
-    let vcpus: u64 = vmm1.iter().filter(|(k, _)| k.starts_with("vcpu")).map(|(_, v)| v).sum();
+    let vcpus: u64 = vmm1
+        .iter()
+        .filter(|(k, _)| k.starts_with("vcpu"))
+        .map(|(_, v)| v)
+        .sum();
     let shim_total: u64 = shim1.values().sum();
     // Before this test existed: a 200 ms tick (150 wakeups of the event loop
     // in 30 s) and a 500 ms OOM poll in the agent (60 guest wakeups).
-    assert!(event_loop <= 3, "burrow-vmm's event loop woke {event_loop} times in 30 s idle: {vmm1:?}");
-    assert!(shim_total <= 10, "the shim woke {shim_total} times in 30 s idle: {shim1:?}");
-    assert!(vcpus <= 60, "the guest's vCPUs woke {vcpus} times in 30 s idle: {vmm1:?}");
+    assert!(
+        event_loop <= 3,
+        "burrow-vmm's event loop woke {event_loop} times in 30 s idle: {vmm1:?}"
+    );
+    assert!(
+        shim_total <= 10,
+        "the shim woke {shim_total} times in 30 s idle: {shim1:?}"
+    );
+    assert!(
+        vcpus <= 60,
+        "the guest's vCPUs woke {vcpus} times in 30 s idle: {vmm1:?}"
+    );
     kill_and_remove(&c, id);
 }

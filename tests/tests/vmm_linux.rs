@@ -27,7 +27,8 @@ struct Vm {
 fn start(name: &str, test: &str, extra: &[&str]) -> Vm {
     burrow_tests::require_hardware_kvm();
     let kernel = burrow_tests::asset_from_env("BURROW_GUEST_KERNEL", "guest-kernel/build");
-    let initrd = burrow_tests::asset_from_env("BURROW_VMM_TEST_INITRD", "vmm/tests/initramfs/build");
+    let initrd =
+        burrow_tests::asset_from_env("BURROW_VMM_TEST_INITRD", "vmm/tests/initramfs/build");
     let dir = burrow_tests::scratch_dir(&format!("vmm-linux-{name}"));
     let serial = dir.join("serial.log");
     let child = Command::new(burrow_tests::workspace_bin("burrow-vmm"))
@@ -44,7 +45,11 @@ fn start(name: &str, test: &str, extra: &[&str]) -> Vm {
         .stderr(std::fs::File::create(dir.join("stderr")).unwrap())
         .spawn()
         .expect("burrow-vmm starts");
-    Vm { child: KillOnDrop(child), dir, serial }
+    Vm {
+        child: KillOnDrop(child),
+        dir,
+        serial,
+    }
 }
 
 impl Vm {
@@ -54,16 +59,26 @@ impl Vm {
 
     fn diagnostics(&self) -> String {
         let stderr = std::fs::read_to_string(self.dir.join("stderr")).unwrap_or_default();
-        format!("--- serial ---\n{}\n--- burrow-vmm stderr ---\n{stderr}", self.serial_text())
+        format!(
+            "--- serial ---\n{}\n--- burrow-vmm stderr ---\n{stderr}",
+            self.serial_text()
+        )
     }
 
     fn wait_for_serial(&mut self, marker: &str) {
         let start = Instant::now();
         while !self.serial_text().contains(marker) {
             if let Some(st) = self.child.try_wait().unwrap() {
-                panic!("burrow-vmm exited ({st}) before {marker:?}\n{}", self.diagnostics());
+                panic!(
+                    "burrow-vmm exited ({st}) before {marker:?}\n{}",
+                    self.diagnostics()
+                );
             }
-            assert!(start.elapsed() < BOOT_TIMEOUT, "no {marker:?} in {BOOT_TIMEOUT:?}\n{}", self.diagnostics());
+            assert!(
+                start.elapsed() < BOOT_TIMEOUT,
+                "no {marker:?} in {BOOT_TIMEOUT:?}\n{}",
+                self.diagnostics()
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -74,7 +89,11 @@ impl Vm {
             if let Some(st) = self.child.try_wait().unwrap() {
                 return st;
             }
-            assert!(start.elapsed() < BOOT_TIMEOUT, "burrow-vmm did not exit\n{}", self.diagnostics());
+            assert!(
+                start.elapsed() < BOOT_TIMEOUT,
+                "burrow-vmm did not exit\n{}",
+                self.diagnostics()
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -98,7 +117,11 @@ fn halted_guest_costs_no_cpu_and_api_stop_ends_it() {
     let _one = ONE_VM.lock().unwrap_or_else(|p| p.into_inner());
     let dir = burrow_tests::scratch_dir("vmm-linux-halt-api");
     let api = dir.join("api.sock");
-    let mut vm = start("halt", "halt", &["--vcpus", "2", "--api", api.to_str().unwrap()]);
+    let mut vm = start(
+        "halt",
+        "halt",
+        &["--vcpus", "2", "--api", api.to_str().unwrap()],
+    );
     vm.wait_for_serial("BURROW-VMM-TEST: booted cpus=2 test=halt");
     // Let the guest reach its halt, then measure.
     let pid = vm.child.0.id();
@@ -113,10 +136,18 @@ fn halted_guest_costs_no_cpu_and_api_stop_ends_it() {
     }
     std::thread::sleep(Duration::from_secs(5));
     let used = cpu_ticks(pid) - settled;
-    assert!(vm.child.try_wait().unwrap().is_none(), "the VMM exited\n{}", vm.diagnostics());
+    assert!(
+        vm.child.try_wait().unwrap().is_none(),
+        "the VMM exited\n{}",
+        vm.diagnostics()
+    );
     // One tick is 10 ms: a 200 ms poll alone would cost several over 5 s
     // in the test host.
-    assert!(used <= 1, "the halted VM used {used} ticks of CPU in 5 s\n{}", vm.diagnostics());
+    assert!(
+        used <= 1,
+        "the halted VM used {used} ticks of CPU in 5 s\n{}",
+        vm.diagnostics()
+    );
 
     let c = UnixStream::connect(&api).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
@@ -144,7 +175,10 @@ fn block_write_read_back_and_read_only() {
     let _one = ONE_VM.lock().unwrap_or_else(|p| p.into_inner());
     let dir = burrow_tests::scratch_dir("vmm-linux-disks");
     let rw = dir.join("rw.img");
-    std::fs::File::create(&rw).unwrap().set_len(16 << 20).unwrap();
+    std::fs::File::create(&rw)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
     let ro = dir.join("ro.img");
     let mut img = b"read-only-ok".to_vec();
     img.resize(4096, 0);
@@ -155,9 +189,17 @@ fn block_write_read_back_and_read_only() {
     let st = vm.wait_exit();
     let serial = vm.serial_text();
     assert_eq!(st.code(), Some(0), "{}", vm.diagnostics());
-    assert!(serial.contains("BURROW-VMM-TEST: block rw ok"), "{}", vm.diagnostics());
+    assert!(
+        serial.contains("BURROW-VMM-TEST: block rw ok"),
+        "{}",
+        vm.diagnostics()
+    );
     assert!(serial.contains("read-only-ok"), "{}", vm.diagnostics());
-    assert!(serial.contains("BURROW-VMM-TEST: block ro refused"), "{}", vm.diagnostics());
+    assert!(
+        serial.contains("BURROW-VMM-TEST: block ro refused"),
+        "{}",
+        vm.diagnostics()
+    );
     // The guest's write reached the host file, and the read-only image is untouched.
     let data = std::fs::read(&rw).unwrap();
     assert!(data[1 << 20..(1 << 20) + 65536].iter().any(|&b| b != 0));
@@ -189,7 +231,14 @@ fn vsock_round_trips_both_ways_and_api_stop() {
     let mut vm = start(
         "vsock",
         "vsock",
-        &["--vsock", uds.to_str().unwrap(), "--api", api.to_str().unwrap(), "--append", "quiet"],
+        &[
+            "--vsock",
+            uds.to_str().unwrap(),
+            "--api",
+            api.to_str().unwrap(),
+            "--append",
+            "quiet",
+        ],
     );
     vm.wait_for_serial("BURROW-VMM-TEST: vsock listening");
 
@@ -199,9 +248,15 @@ fn vsock_round_trips_both_ways_and_api_stop() {
     let mut s = BufReader::new(s);
     s.get_mut().write_all(b"CONNECT 1024\n").unwrap();
     let ok = read_line(&mut s);
-    assert!(ok.starts_with("OK ") && ok.ends_with('\n'), "{ok:?}\n{}", vm.diagnostics());
+    assert!(
+        ok.starts_with("OK ") && ok.ends_with('\n'),
+        "{ok:?}\n{}",
+        vm.diagnostics()
+    );
     let big: String = (0..2000).map(|i| format!("{i:05}")).collect();
-    s.get_mut().write_all(format!("ping-from-host {big}\n").as_bytes()).unwrap();
+    s.get_mut()
+        .write_all(format!("ping-from-host {big}\n").as_bytes())
+        .unwrap();
     assert_eq!(read_line(&mut s), format!("ping-from-host {big}\n"));
 
     // guest -> host

@@ -46,7 +46,13 @@ fn spawn(dir: &Path, name: &str, args: &[&str]) -> Vm {
         .stderr(std::fs::File::create(&stderr).unwrap())
         .spawn()
         .expect("burrow-vmm starts");
-    Vm { child: KillOnDrop(child), name: name.into(), serial, stderr, api }
+    Vm {
+        child: KillOnDrop(child),
+        name: name.into(),
+        serial,
+        stderr,
+        api,
+    }
 }
 
 impl Vm {
@@ -56,16 +62,27 @@ impl Vm {
 
     fn diagnostics(&self) -> String {
         let stderr = std::fs::read_to_string(&self.stderr).unwrap_or_default();
-        format!("--- {} serial ---\n{}\n--- burrow-vmm stderr ---\n{stderr}", self.name, self.serial_text())
+        format!(
+            "--- {} serial ---\n{}\n--- burrow-vmm stderr ---\n{stderr}",
+            self.name,
+            self.serial_text()
+        )
     }
 
     fn wait_for(&mut self, what: &str, ok: impl Fn(&str) -> bool) {
         let start = Instant::now();
         while !ok(&self.serial_text()) {
             if let Some(st) = self.child.try_wait().unwrap() {
-                panic!("burrow-vmm exited ({st}) before {what}\n{}", self.diagnostics());
+                panic!(
+                    "burrow-vmm exited ({st}) before {what}\n{}",
+                    self.diagnostics()
+                );
             }
-            assert!(start.elapsed() < TIMEOUT, "no {what} in {TIMEOUT:?}\n{}", self.diagnostics());
+            assert!(
+                start.elapsed() < TIMEOUT,
+                "no {what} in {TIMEOUT:?}\n{}",
+                self.diagnostics()
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -76,7 +93,11 @@ impl Vm {
             match UnixStream::connect(&self.api) {
                 Ok(s) => break s,
                 Err(e) => {
-                    assert!(start.elapsed() < Duration::from_secs(60), "API socket: {e}\n{}", self.diagnostics());
+                    assert!(
+                        start.elapsed() < Duration::from_secs(60),
+                        "API socket: {e}\n{}",
+                        self.diagnostics()
+                    );
                     std::thread::sleep(Duration::from_millis(50));
                 }
             }
@@ -87,10 +108,16 @@ impl Vm {
 
     fn request(&self, line: &str) -> serde_json::Value {
         let mut c = self.api();
-        c.get_mut().write_all(format!("{line}\n").as_bytes()).unwrap();
+        c.get_mut()
+            .write_all(format!("{line}\n").as_bytes())
+            .unwrap();
         loop {
             let mut l = String::new();
-            assert!(c.read_line(&mut l).unwrap() > 0, "API closed\n{}", self.diagnostics());
+            assert!(
+                c.read_line(&mut l).unwrap() > 0,
+                "API closed\n{}",
+                self.diagnostics()
+            );
             if l.starts_with("{\"ok\"") {
                 return serde_json::from_str(&l).unwrap();
             }
@@ -135,7 +162,11 @@ fn vsock_echo(uds: &Path, vm: &Vm) {
             assert_eq!(echo, "after-restore\n", "{}", vm.diagnostics());
             return;
         }
-        assert!(start.elapsed() < TIMEOUT, "vsock connect after restore: {ok:?}\n{}", vm.diagnostics());
+        assert!(
+            start.elapsed() < TIMEOUT,
+            "vsock connect after restore: {ok:?}\n{}",
+            vm.diagnostics()
+        );
         std::thread::sleep(Duration::from_millis(500));
     }
 }
@@ -144,7 +175,8 @@ fn vsock_echo(uds: &Path, vm: &Vm) {
 fn running_guest_continues_after_restore_three_times() {
     burrow_tests::require_hardware_kvm();
     let kernel = burrow_tests::asset_from_env("BURROW_GUEST_KERNEL", "guest-kernel/build");
-    let initrd = burrow_tests::asset_from_env("BURROW_VMM_TEST_INITRD", "vmm/tests/initramfs/build");
+    let initrd =
+        burrow_tests::asset_from_env("BURROW_VMM_TEST_INITRD", "vmm/tests/initramfs/build");
     let dir = burrow_tests::scratch_dir("vmm-snapshot");
     let snap = dir.join("snap");
     let inc = dir.join("inc");
@@ -185,11 +217,20 @@ fn running_guest_continues_after_restore_three_times() {
         let mut vm = spawn(
             &dir,
             &format!("restore{round}"),
-            &["--restore", snap.to_str().unwrap(), "--vsock", uds2.to_str().unwrap()],
+            &[
+                "--restore",
+                snap.to_str().unwrap(),
+                "--vsock",
+                uds2.to_str().unwrap(),
+            ],
         );
         vm.wait_for("3 more counts", |s| counts(s).len() >= 3);
         let after = vm.serial_text();
-        assert!(!after.contains("BURROW-VMM-TEST: booted"), "restore {round} rebooted\n{}", vm.diagnostics());
+        assert!(
+            !after.contains("BURROW-VMM-TEST: booted"),
+            "restore {round} rebooted\n{}",
+            vm.diagnostics()
+        );
         let all = counts(&format!("{before}{after}"));
         assert_sequence(&all, &format!("restore {round}: before + after"));
         assert!(all.len() as u64 >= last + 3);
@@ -205,7 +246,10 @@ fn running_guest_continues_after_restore_three_times() {
             assert_eq!(r["ok"], true, "{r}\n{}", vm.diagnostics());
             eprintln!("incremental snapshot: {}", r["snapshot"]);
             let pages = r["snapshot"]["memory_pages"].as_u64().unwrap();
-            assert!(pages > 0 && pages < 256 * 256 / 4, "incremental holds a fraction of memory: {r}");
+            assert!(
+                pages > 0 && pages < 256 * 256 / 4,
+                "incremental holds a fraction of memory: {r}"
+            );
             mid = vm.serial_text();
         }
         let r = vm.request("{\"cmd\":\"stop\"}");
@@ -214,10 +258,22 @@ fn running_guest_continues_after_restore_three_times() {
 
     // Base + overlay: continues from the incremental snapshot, vsock works.
     let uds4 = dir.join("v4.sock");
-    let mut vm = spawn(&dir, "restore-incremental", &["--restore", inc.to_str().unwrap(), "--vsock", uds4.to_str().unwrap()]);
+    let mut vm = spawn(
+        &dir,
+        "restore-incremental",
+        &[
+            "--restore",
+            inc.to_str().unwrap(),
+            "--vsock",
+            uds4.to_str().unwrap(),
+        ],
+    );
     vm.wait_for("3 more counts", |s| counts(s).len() >= 3);
     let all = counts(&format!("{before}{mid}{}", vm.serial_text()));
-    assert_sequence(&all, "restore from the incremental snapshot: before + round 1 + after");
+    assert_sequence(
+        &all,
+        "restore from the incremental snapshot: before + round 1 + after",
+    );
     vsock_echo(&uds4, &vm);
     let r = vm.request("{\"cmd\":\"stop\"}");
     assert_eq!(r["ok"], true, "{r}");

@@ -15,6 +15,7 @@
 mod mounts;
 mod plan;
 mod pty;
+pub mod seccomp;
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
@@ -46,6 +47,8 @@ pub struct Container {
     pub rootfs: PathBuf,
     /// Processes by exec id; "" is the init.
     pub processes: Mutex<HashMap<String, Arc<Process>>>,
+    /// Its `linux.seccomp`, compiled: every process in it gets it.
+    pub seccomp: seccomp::Seccomp,
 }
 
 impl Container {
@@ -56,6 +59,7 @@ impl Container {
             own_pid_ns: false,
             rootfs: PathBuf::from("/"),
             processes: Mutex::new(HashMap::new()),
+            seccomp: seccomp::Seccomp::default(),
         }
     }
 
@@ -122,10 +126,12 @@ pub async fn start_process(
     p: &OciProcess,
     pty_root: &Path,
     namespaces: Namespaces,
+    seccomp: &seccomp::Seccomp,
     want_stdin: bool,
     gated: bool,
 ) -> Result<Process> {
     let mut plan = plan(p, namespaces)?;
+    plan.seccomp = seccomp.clone();
     let late_terminal =
         plan.terminal && gated && matches!(plan.namespaces, Namespaces::NewContainer { .. });
     let size = p.console_size().map(|b| libc::winsize {

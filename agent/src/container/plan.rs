@@ -225,6 +225,7 @@ pub fn plan(p: &OciProcess, namespaces: Namespaces) -> Result<ChildPlan> {
         last_cap: last_cap(),
         terminal: p.terminal().unwrap_or(false),
         pass_fds: Vec::new(),
+        seccomp: Default::default(),
         oom_score_adj: cstring(
             "oomScoreAdj",
             &p.oom_score_adj()

@@ -130,6 +130,33 @@ unsafe fn recv_gate(start: RawFd) -> Option<GateMsg> {
     }
 }
 
+/// Install the container's seccomp filters (compiled before the fork).
+///
+/// # Safety
+/// Called in the forked child; only system calls.
+unsafe fn install_seccomp(status: RawFd, seccomp: &crate::container::seccomp::Seccomp) {
+    for prog in &seccomp.filters {
+        let fprog = libc::sock_fprog {
+            // At most 4096 instructions: checked when compiled.
+            len: prog.len() as libc::c_ushort,
+            // seccompiler's sock_filter has the kernel's layout.
+            filter: prog.as_ptr().cast_mut().cast(),
+        };
+        // SAFETY: seccomp(2) copies the program; fail() only writes and exits.
+        unsafe {
+            if libc::syscall(
+                libc::SYS_seccomp,
+                libc::SECCOMP_SET_MODE_FILTER,
+                seccomp.flags,
+                &fprog as *const libc::sock_fprog,
+            ) < 0
+            {
+                fail(status, "install the seccomp profile", errno());
+            }
+        }
+    }
+}
+
 fn errno() -> i32 {
     Errno::last_raw()
 }
@@ -325,6 +352,9 @@ pub(super) unsafe fn child_main(
         // agent's thread list. In a new PID namespace the agent's main
         // thread (tid 1 when it is the guest's init) is the child itself,
         // and the wait never ends.
+        if !plan.no_new_privileges {
+            install_seccomp(status, &plan.seccomp);
+        }
         if libc::syscall(libc::SYS_setgroups, plan.groups.len(), plan.groups.as_ptr()) < 0 {
             fail(status, "setgroups", errno());
         }
@@ -399,6 +429,9 @@ pub(super) unsafe fn child_main(
                     None => libc::_exit(1),
                 }
             }
+        }
+        if plan.no_new_privileges {
+            install_seccomp(status, &plan.seccomp);
         }
         let mut err = libc::ENOENT;
         for path in &plan.exec_paths {

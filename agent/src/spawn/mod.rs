@@ -110,6 +110,10 @@ pub struct ChildPlan {
     /// Written to /proc/self/oom_score_adj first thing (the agent itself
     /// runs at -1000, which children must not inherit).
     pub oom_score_adj: CString,
+    /// The container's seccomp filters, installed just before exec (with
+    /// no_new_privileges) or before giving up root (without: installing
+    /// then needs CAP_SYS_ADMIN), as runc does.
+    pub seccomp: crate::container::seccomp::Seccomp,
 }
 
 /// Most extra fds a child may inherit.
@@ -398,6 +402,7 @@ mod tests {
             last_cap: 40,
             terminal: false,
             pass_fds: vec![a_w, b_w],
+            seccomp: Default::default(),
             oom_score_adj: cstrings(&["0"]).remove(0),
         };
         let stdio = ChildStdio {

@@ -146,9 +146,20 @@ pub async fn create(
     args: &[&str],
     stdin: bool,
 ) -> ttrpc::Result<CreateContainerResponse> {
+    create_with_spec(a, id, rootfs, spec_json(args), stdin).await
+}
+
+/// Create container `id` on `rootfs` from the OCI spec `spec` (JSON).
+pub async fn create_with_spec(
+    a: &TestAgent,
+    id: &str,
+    rootfs: &Path,
+    spec: Vec<u8>,
+    stdin: bool,
+) -> ttrpc::Result<CreateContainerResponse> {
     let mut req = CreateContainerRequest::new();
     req.container_id = id.into();
-    req.oci_spec = spec_json(args);
+    req.oci_spec = spec;
     req.stdin = stdin;
     let mut r = Rootfs::new();
     r.source = rootfs.display().to_string();
@@ -160,5 +171,37 @@ pub async fn create(
 pub fn creq(id: &str) -> ContainerRequest {
     let mut r = ContainerRequest::new();
     r.container_id = id.into();
+    r
+}
+
+pub async fn read_all(a: &TestAgent, container: &str, id: &str, stderr: bool) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let mut req = ReadStreamRequest::new();
+        req.container_id = container.into();
+        req.exec_id = id.into();
+        let r = if stderr {
+            a.client.read_stderr(ctx(), &req).await
+        } else {
+            a.client.read_stdout(ctx(), &req).await
+        }
+        .expect("read stream");
+        if r.eof {
+            return out;
+        }
+        out.extend_from_slice(&r.data);
+    }
+}
+
+pub async fn wait(a: &TestAgent, container: &str, id: &str) -> WaitProcessResponse {
+    let req = preq(container, id);
+    a.client.wait_process(ctx(), &req).await.expect("wait")
+}
+
+/// The request naming process `exec_id` ("" for init) of `container`.
+pub fn preq(container: &str, exec_id: &str) -> ProcessRequest {
+    let mut r = ProcessRequest::new();
+    r.container_id = container.into();
+    r.exec_id = exec_id.into();
     r
 }

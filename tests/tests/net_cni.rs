@@ -11,9 +11,14 @@
 //! host into the container (the container downloads them) and back out
 //! (the test host downloads them from an HTTP server in the container on
 //! the CNI address), each arriving intact (SHA-256); after delete nothing
-//! of burrow is left in the namespace (no tap, no ingress qdisc). The same
-//! test runs under runc as the control. Everything stays inside the test
-//! host: its own bridge and namespaces.
+//! of burrow is left in the namespace (no tap, no ingress qdisc, no
+//! nftables table). The same test runs under runc as the control. The
+//! egress policy (`io.burrow.egress`): the metadata address is refused in
+//! every mode, `deny` lets no new connection out while the container runs
+//! and serves, an allow-list lets out only what it lists, and root in the
+//! guest changing its addresses and routes opens nothing. Everything stays
+//! inside the test host: its own bridges and namespaces, and the
+//! "metadata" address 169.254.169.254 is an address of the test's bridge.
 
 #![allow(clippy::unwrap_used)]
 
@@ -84,6 +89,8 @@ impl CniNetns {
         let ip = &result["ips"][0];
         ns.ip = ip["address"].as_str().unwrap().split('/').next().unwrap().to_string();
         ns.gateway = ip["gateway"].as_str().unwrap().to_string();
+        // The stand-in cloud metadata service: the test host answers on it.
+        sh_ok(&format!("ip addr add 169.254.169.254/32 dev {}", ns.bridge));
         ns
     }
 
@@ -148,13 +155,8 @@ fn container_network(runtime: &str, name: &str, octet: u8) {
     let big = www.join("big");
     sh_ok(&format!("head -c {MB}M /dev/urandom > {}", big.display()));
     let want = sha256(&big);
-    let _server = KillOnDrop(
-        Command::new("busybox")
-            .args(["httpd", "-f", "-p", &format!("{}:8081", ns.gateway), "-h"])
-            .arg(&www)
-            .spawn()
-            .unwrap(),
-    );
+    std::fs::write(www.join("small"), "small\n").unwrap();
+    let _server = serve(&www, 8081);
 
     let with_ns = format!("network:{}", ns.path());
     let r = c.ctr(&[
@@ -197,6 +199,12 @@ fn container_network(runtime: &str, name: &str, octet: u8) {
     );
     let _ = std::fs::remove_file(&back);
     let _ = std::fs::remove_file(&big);
+    if runtime == RUNTIME {
+        assert!(
+            !fetch(&c, &id, "meta", "http://169.254.169.254:8081/small"),
+            "the metadata address must be refused even with egress open"
+        );
+    }
 
     c.ctr(&["task", "kill", "-s", "KILL", &id]);
     c.wait_status(&id, "STOPPED", LONG);
@@ -206,11 +214,93 @@ fn container_network(runtime: &str, name: &str, octet: u8) {
     assert_eq!(r.code, Some(0), "{r:?}");
     if runtime == RUNTIME {
         c.assert_clean(CLEAN);
-        let (tap_there, _) = sh(&format!("ip -n {} link show burrow0", ns.name));
-        assert!(!tap_there, "the tap outlived the sandbox");
-        let qdiscs = sh_ok(&format!("tc -n {} qdisc show dev eth0", ns.name));
-        assert!(!qdiscs.contains("ingress"), "the redirect outlived the sandbox: {qdiscs}");
+        assert_namespace_clean(&ns);
     }
+}
+
+/// Nothing of burrow left in the namespace: no tap, no redirect, no
+/// nftables table.
+fn assert_namespace_clean(ns: &CniNetns) {
+    let (tap_there, _) = sh(&format!("ip -n {} link show burrow0", ns.name));
+    assert!(!tap_there, "the tap outlived the sandbox");
+    let qdiscs = sh_ok(&format!("tc -n {} qdisc show dev eth0", ns.name));
+    assert!(!qdiscs.contains("ingress"), "the redirect outlived the sandbox: {qdiscs}");
+    let tables = sh_ok(&format!("ip netns exec {} nft list tables", ns.name));
+    assert!(!tables.contains("burrow"), "the egress table outlived the sandbox: {tables}");
+}
+
+/// busybox httpd serving `dir` on `port` of every test-host address.
+fn serve(dir: &std::path::Path, port: u16) -> KillOnDrop {
+    KillOnDrop(
+        Command::new("busybox")
+            .args(["httpd", "-f", "-p", &port.to_string(), "-h"])
+            .arg(dir)
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// Whether the container fetches `url` (5 s to connect).
+fn fetch(c: &Containerd, id: &str, exec_id: &str, url: &str) -> bool {
+    let r = c.ctr(&["task", "exec", "--exec-id", exec_id, id, "wget", "-q", "-T", "5", "-O", "-", url]);
+    r.code == Some(0) && r.stdout.contains("small")
+}
+
+fn run_in(c: &Containerd, ns: &CniNetns, id: &str, egress: &str) {
+    let with_ns = format!("network:{}", ns.path());
+    let annotation = format!("io.burrow.egress={egress}");
+    let r = c.ctr(&[
+        "run", "-d", "--runtime", RUNTIME, "--with-ns", &with_ns, "--annotation", &annotation, IMAGE, id,
+        "sh", "-c", "mkdir -p /www && echo small > /www/small && exec httpd -f -p 8080 -h /www",
+    ]);
+    assert_eq!(r.code, Some(0), "{r:?}\n{}", c.diagnostics());
+    c.wait_status(id, "RUNNING", LONG);
+}
+
+#[test]
+fn egress_policy_holds_outside_the_guest() {
+    let c = Containerd::nested("egress");
+    let allow = CniNetns::add("burrow-egress-a", 63);
+    let deny = CniNetns::add("burrow-egress-d", 64);
+    let www = c.dir.join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    std::fs::write(www.join("small"), "small\n").unwrap();
+    let (_s1, _s2) = (serve(&www, 8081), serve(&www, 8082));
+    assert!(sh(&format!("wget -q -T 5 -O - http://{}:8082/small", allow.gateway)).1.contains("small"));
+
+    run_in(&c, &allow, "t-allow", &format!("{}:8081", allow.gateway));
+    assert!(fetch(&c, "t-allow", "a1", &format!("http://{}:8081/small", allow.gateway)), "listed: must pass");
+    assert!(!fetch(&c, "t-allow", "a2", &format!("http://{}:8082/small", allow.gateway)), "other port: refused");
+    assert!(!fetch(&c, "t-allow", "a3", "http://169.254.169.254:8081/small"), "metadata: refused");
+
+    run_in(&c, &deny, "t-deny", "deny");
+    assert!(!fetch(&c, "t-deny", "d1", &format!("http://{}:8081/small", deny.gateway)), "deny: refused");
+    assert!(!fetch(&c, "t-deny", "d2", "http://169.254.169.254:8081/small"), "metadata: refused");
+    // Root in the guest moves its address and routes: still nothing out.
+    let r = c.ctr(&[
+        "task", "exec", "--exec-id", "d3", "t-deny", "sh", "-c",
+        &format!(
+            "ip addr add 10.88.64.77/24 dev eth0; ip route replace default via {gw} dev eth0 src 10.88.64.77; \
+             ip link set eth0 down; ip link set eth0 up; ip route replace default via {gw} dev eth0; \
+             wget -q -T 5 -O - http://{gw}:8081/small",
+            gw = deny.gateway
+        ),
+    ]);
+    assert_ne!(r.code, Some(0), "root in the guest got out under deny: {r:?}");
+    // The container keeps running and serving: replies leave.
+    assert_eq!(c.task_status("t-deny").as_deref(), Some("RUNNING"));
+    let inbound = sh_ok(&format!("wget -q -T 30 -O - http://{}:8080/small", deny.ip));
+    assert_eq!(inbound.trim(), "small");
+
+    for id in ["t-allow", "t-deny"] {
+        c.ctr(&["task", "kill", "-s", "KILL", id]);
+        c.wait_status(id, "STOPPED", LONG);
+        assert_eq!(c.ctr(&["task", "delete", id]).code, Some(0));
+        assert_eq!(c.ctr(&["container", "delete", id]).code, Some(0));
+    }
+    c.assert_clean(CLEAN);
+    assert_namespace_clean(&allow);
+    assert_namespace_clean(&deny);
 }
 
 #[test]
@@ -228,7 +318,7 @@ fn without_a_network_namespace_the_guest_has_loopback_only() {
     let c = Containerd::nested("nonet");
     let r = c.ctr(&burrow_tests::containerd::run(&["--rm"], "t-nonet", &["ip", "-o", "link"]));
     assert_eq!(r.code, Some(0), "{r:?}\n{}", c.diagnostics());
-    let links: Vec<&str> = r.stdout.lines().collect();
-    assert_eq!(links.len(), 1, "only lo: {links:?}");
-    assert!(links[0].contains(": lo:"), "{links:?}");
+    // lo (and the kernel's own tunnel stubs such as sit0), no Ethernet NIC.
+    assert!(r.stdout.lines().any(|l| l.contains(": lo:")), "{}", r.stdout);
+    assert!(!r.stdout.contains("link/ether"), "a NIC without a network namespace: {}", r.stdout);
 }

@@ -18,6 +18,7 @@
 
 pub mod agent;
 pub mod checkpoint;
+pub mod egress;
 pub mod hibernate;
 pub mod intake;
 pub mod launch;

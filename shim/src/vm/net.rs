@@ -5,9 +5,12 @@
 //! Inside the namespace (a thread of ours that `setns`es into it, so
 //! neither the shim nor the VMM moves there) we open a tap, `burrow0`,
 //! with virtio-net headers, and connect it to the namespace's CNI
-//! interface (`eth0`, or the only other interface there) the way Kata's
-//! `tcfilter` model does: an ingress qdisc on each with a u32 match-all
-//! filter whose action is `mirred egress redirect` to the other. No bridge,
+//! interface (`eth0`, or the only other interface there) much as Kata's
+//! `tcfilter` model does: towards the guest, an ingress qdisc on eth0 with
+//! a u32 match-all filter whose action is `mirred egress redirect` to the
+//! tap; from the guest, an nftables `netdev` chain on the tap's ingress
+//! that applies the egress policy and forwards the rest to eth0
+//! ([`super::egress`]; tc's redirect would bypass netfilter). No bridge,
 //! no MAC learning, any CNI plugin works. The guest's NIC takes the CNI
 //! interface's MAC (the neighbours' ARP caches stay right) and the agent
 //! gives it the interface's MTU, addresses and routes ([`GuestNet`]).
@@ -18,8 +21,9 @@
 //! it removes the tap and its qdisc; [`SandboxNet::teardown`] also removes
 //! the one on the CNI interface.
 //!
-//! All of it goes over rtnetlink (the `rtnetlink` crate has ingress qdiscs
-//! and the mirred redirect filter), so the node needs no iproute2.
+//! Links, addresses, routes and tc go over rtnetlink (the `rtnetlink`
+//! crate has ingress qdiscs and the mirred redirect filter); the nftables
+//! table is loaded with `nft -f -` (nftables on the node).
 
 use std::fs::File;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -38,6 +42,7 @@ use rtnetlink::packet_route::tc::TcHandle;
 use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
 use serde_json::Value;
 
+use super::egress::{self, Egress};
 use crate::sandbox::{Result, SandboxError};
 
 /// The tap's name inside the sandbox's namespace.
@@ -66,12 +71,20 @@ pub struct SandboxNet {
     tap: OwnedFd,
     /// The CNI interface the tap is joined to.
     cni_if: String,
+    egress: Egress,
     pub guest: GuestNet,
 }
 
 impl std::fmt::Debug for SandboxNet {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} <-> {TAP_NAME} in {}: {}", self.cni_if, self.netns.display(), self.guest)
+        write!(
+            f,
+            "{} <-> {TAP_NAME} in {} (egress {:?}): {}",
+            self.cni_if,
+            self.netns.display(),
+            self.egress,
+            self.guest
+        )
     }
 }
 
@@ -82,20 +95,25 @@ fn net_err(what: &str, e: impl std::fmt::Display) -> SandboxError {
 impl SandboxNet {
     /// Create the tap in `netns`, join it to the CNI interface and read
     /// what the guest's NIC needs.
-    pub async fn setup(netns: &Path) -> Result<Self> {
+    pub async fn setup(netns: &Path, egress: Egress) -> Result<Self> {
         let path = netns.to_path_buf();
-        let (tap, cni_if, guest) = in_netns(netns, |h| Box::pin(async move {
+        let rules = egress.clone();
+        let (tap, cni_if, guest) = in_netns(netns, move |h| Box::pin(async move {
             let cni = cni_interface(&h).await?;
             let guest = read_config(&h, &cni).await?;
             let tap = open_tap(TAP_NAME)?;
-            if let Err(e) = join(&h, &cni, guest.mtu).await {
+            let joined = async {
+                join(&h, &cni, guest.mtu).await?;
+                egress::nft(&rules.ruleset(TAP_NAME, &name_of(&cni)))
+            };
+            if let Err(e) = joined.await {
                 let _ = unjoin(&h, cni.header.index).await;
                 return Err(e);
             }
             Ok((tap, name_of(&cni), guest))
         }))
         .await?;
-        let net = Self { netns: path, tap, cni_if, guest };
+        let net = Self { netns: path, tap, cni_if, egress, guest };
         tracing::info!("sandbox network: {net:?}");
         Ok(net)
     }
@@ -118,6 +136,7 @@ impl SandboxNet {
     pub async fn teardown(self) {
         let cni_if = self.cni_if.clone();
         let r = in_netns(&self.netns, move |h| Box::pin(async move {
+            let _ = egress::teardown();
             if let Some(link) = link_by_name(&h, &cni_if).await? {
                 unjoin(&h, link.header.index).await?;
             }
@@ -351,8 +370,8 @@ fn open_tap(name: &str) -> Result<OwnedFd> {
     Ok(tap)
 }
 
-/// Bring the tap up with the CNI interface's MTU and redirect each one's
-/// ingress to the other's egress.
+/// Bring the tap up with the CNI interface's MTU and redirect what
+/// arrives on the CNI interface to the tap (the other way is nftables').
 async fn join(h: &Handle, cni: &LinkMessage, mtu: u32) -> Result<()> {
     let tap = link_by_name(h, TAP_NAME)
         .await?
@@ -363,24 +382,22 @@ async fn join(h: &Handle, cni: &LinkMessage, mtu: u32) -> Result<()> {
         .execute()
         .await
         .map_err(|e| net_err("tap up", e))?;
-    for (from, to) in [(cni_ix, tap_ix), (tap_ix, cni_ix)] {
-        let from_i = i32::try_from(from).map_err(|e| net_err("ifindex", e))?;
-        h.qdisc()
-            .add(from_i)
-            .ingress()
-            .execute()
-            .await
-            .map_err(|e| net_err(&format!("ingress qdisc on link {from}"), e))?;
-        h.traffic_filter(from_i)
-            .add()
-            .parent(u32::from(TcHandle::INGRESS) & 0xffff_0000)
-            .protocol(PROTOCOL_ALL)
-            .redirect(to)
-            .map_err(|e| net_err("redirect filter", e))?
-            .execute()
-            .await
-            .map_err(|e| net_err(&format!("redirect filter {from} -> {to}"), e))?;
-    }
+    let cni_i = i32::try_from(cni_ix).map_err(|e| net_err("ifindex", e))?;
+    h.qdisc()
+        .add(cni_i)
+        .ingress()
+        .execute()
+        .await
+        .map_err(|e| net_err(&format!("ingress qdisc on link {cni_ix}"), e))?;
+    h.traffic_filter(cni_i)
+        .add()
+        .parent(u32::from(TcHandle::INGRESS) & 0xffff_0000)
+        .protocol(PROTOCOL_ALL)
+        .redirect(tap_ix)
+        .map_err(|e| net_err("redirect filter", e))?
+        .execute()
+        .await
+        .map_err(|e| net_err(&format!("redirect filter {cni_ix} -> {tap_ix}"), e))?;
     Ok(())
 }
 
@@ -409,7 +426,7 @@ impl super::VmSandbox {
         let mut slot = self.net.lock().await;
         let net = match slot.take() {
             Some(n) => n,
-            None => SandboxNet::setup(&netns).await?,
+            None => SandboxNet::setup(&netns, Egress::from_spec(spec)?).await?,
         };
         args.args.net = Some(net.net_arg());
         if args.args.restore.is_none() {

@@ -41,9 +41,15 @@ impl fmt::Display for Cidr {
 impl FromStr for Cidr {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let (ip, prefix) = s.split_once('/').ok_or_else(|| format!("{s:?} is not IP/PREFIX"))?;
-        let ip: IpAddr = ip.parse().map_err(|_| format!("{ip:?} is not an IP address"))?;
-        let prefix: u8 = prefix.parse().map_err(|_| format!("{prefix:?} is not a prefix length"))?;
+        let (ip, prefix) = s
+            .split_once('/')
+            .ok_or_else(|| format!("{s:?} is not IP/PREFIX"))?;
+        let ip: IpAddr = ip
+            .parse()
+            .map_err(|_| format!("{ip:?} is not an IP address"))?;
+        let prefix: u8 = prefix
+            .parse()
+            .map_err(|_| format!("{prefix:?} is not a prefix length"))?;
         Self::new(ip, prefix)
     }
 }
@@ -68,7 +74,11 @@ impl fmt::Display for GuestNet {
     /// The command-line value (without the key).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let [a, b, c, d, e, g] = self.mac;
-        write!(f, "mac={a:02x}:{b:02x}:{c:02x}:{d:02x}:{e:02x}:{g:02x};mtu={}", self.mtu)?;
+        write!(
+            f,
+            "mac={a:02x}:{b:02x}:{c:02x}:{d:02x}:{e:02x}:{g:02x};mtu={}",
+            self.mtu
+        )?;
         for addr in &self.addrs {
             write!(f, ";addr={addr}")?;
         }
@@ -88,7 +98,9 @@ impl FromStr for GuestNet {
         let mut net = GuestNet::default();
         let mut have_mac = false;
         for part in s.split(';') {
-            let (k, v) = part.split_once('=').ok_or_else(|| format!("{part:?} is not KEY=VALUE"))?;
+            let (k, v) = part
+                .split_once('=')
+                .ok_or_else(|| format!("{part:?} is not KEY=VALUE"))?;
             match k {
                 "mac" => {
                     let bytes: Vec<u8> = v
@@ -99,7 +111,11 @@ impl FromStr for GuestNet {
                     have_mac = true;
                 }
                 "mtu" => {
-                    net.mtu = v.parse().ok().filter(|m| (68..=65535).contains(m)).ok_or_else(|| format!("MTU {v:?}"))?;
+                    net.mtu = v
+                        .parse()
+                        .ok()
+                        .filter(|m| (68..=65535).contains(m))
+                        .ok_or_else(|| format!("MTU {v:?}"))?;
                 }
                 "addr" if net.addrs.len() < MAX_ADDRS => net.addrs.push(v.parse()?),
                 "route" if net.routes.len() < MAX_ROUTES => {
@@ -107,9 +123,16 @@ impl FromStr for GuestNet {
                         Some((d, g)) => (d, Some(g.parse().map_err(|_| format!("gateway {g:?}"))?)),
                         None => (v, None),
                     };
-                    net.routes.push(Route { dst: dst.parse()?, gateway: gw });
+                    net.routes.push(Route {
+                        dst: dst.parse()?,
+                        gateway: gw,
+                    });
                 }
-                "addr" | "route" => return Err(format!("more than {MAX_ADDRS} addresses or {MAX_ROUTES} routes")),
+                "addr" | "route" => {
+                    return Err(format!(
+                        "more than {MAX_ADDRS} addresses or {MAX_ROUTES} routes"
+                    ))
+                }
                 _ => return Err(format!("unknown key {k:?}")),
             }
         }
@@ -130,10 +153,19 @@ mod tests {
         let net = GuestNet {
             mac: [0x0a, 0x58, 10, 4, 0, 5],
             mtu: 1450,
-            addrs: vec!["10.4.0.5/16".parse().unwrap(), "fd00:4::5/64".parse().unwrap()],
+            addrs: vec![
+                "10.4.0.5/16".parse().unwrap(),
+                "fd00:4::5/64".parse().unwrap(),
+            ],
             routes: vec![
-                Route { dst: "0.0.0.0/0".parse().unwrap(), gateway: Some("10.4.0.1".parse().unwrap()) },
-                Route { dst: "10.9.0.0/16".parse().unwrap(), gateway: None },
+                Route {
+                    dst: "0.0.0.0/0".parse().unwrap(),
+                    gateway: Some("10.4.0.1".parse().unwrap()),
+                },
+                Route {
+                    dst: "10.9.0.0/16".parse().unwrap(),
+                    gateway: None,
+                },
             ],
         };
         let s = net.to_string();
@@ -155,7 +187,10 @@ mod tests {
         ] {
             assert!(bad.parse::<GuestNet>().is_err(), "{bad}");
         }
-        let many = format!("mac=0a:58:0a:04:00:05;mtu=1500{}", ";addr=10.0.0.1/8".repeat(MAX_ADDRS + 1));
+        let many = format!(
+            "mac=0a:58:0a:04:00:05;mtu=1500{}",
+            ";addr=10.0.0.1/8".repeat(MAX_ADDRS + 1)
+        );
         assert!(many.parse::<GuestNet>().is_err());
     }
 }

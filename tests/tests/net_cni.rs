@@ -34,7 +34,11 @@ const MB: usize = 100;
 
 fn sh(cmd: &str) -> (bool, String) {
     let o = Command::new("sh").args(["-c", cmd]).output().unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
     (o.status.success(), text)
 }
 
@@ -82,12 +86,28 @@ impl CniNetns {
             },
         })
         .to_string();
-        let _ = sh(&format!("ip netns del {name}; ip link del {bridge}; rm -rf {data}"));
-        sh_ok(&format!("ip netns add {name} && ip -n {name} link set lo up"));
-        let mut ns = Self { name: name.into(), bridge, conf, ip: String::new(), gateway: String::new() };
+        let _ = sh(&format!(
+            "ip netns del {name}; ip link del {bridge}; rm -rf {data}"
+        ));
+        sh_ok(&format!(
+            "ip netns add {name} && ip -n {name} link set lo up"
+        ));
+        let mut ns = Self {
+            name: name.into(),
+            bridge,
+            conf,
+            ip: String::new(),
+            gateway: String::new(),
+        };
         let result: serde_json::Value = serde_json::from_str(&ns.cni("ADD")).unwrap();
         let ip = &result["ips"][0];
-        ns.ip = ip["address"].as_str().unwrap().split('/').next().unwrap().to_string();
+        ns.ip = ip["address"]
+            .as_str()
+            .unwrap()
+            .split('/')
+            .next()
+            .unwrap()
+            .to_string();
         ns.gateway = ip["gateway"].as_str().unwrap().to_string();
         // The stand-in cloud metadata service: the test host answers on it.
         sh_ok(&format!("ip addr add 169.254.169.254/32 dev {}", ns.bridge));
@@ -111,7 +131,12 @@ impl CniNetns {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        child.stdin.take().unwrap().write_all(self.conf.as_bytes()).unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(self.conf.as_bytes())
+            .unwrap();
         let out = child.wait_with_output().unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(
@@ -128,7 +153,10 @@ impl Drop for CniNetns {
         if std::path::Path::new(&self.path()).exists() {
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.cni("DEL")));
         }
-        let _ = sh(&format!("ip netns del {}; ip link del {}", self.name, self.bridge));
+        let _ = sh(&format!(
+            "ip netns del {}; ip link del {}",
+            self.name, self.bridge
+        ));
     }
 }
 
@@ -141,7 +169,11 @@ fn sha256(path: &std::path::Path) -> String {
 }
 
 fn rate(bytes: usize, d: Duration) -> String {
-    format!("{:.1} MB/s ({:.1} s)", bytes as f64 / 1e6 / d.as_secs_f64(), d.as_secs_f64())
+    format!(
+        "{:.1} MB/s ({:.1} s)",
+        bytes as f64 / 1e6 / d.as_secs_f64(),
+        d.as_secs_f64()
+    )
 }
 
 fn container_network(runtime: &str, name: &str, octet: u8) {
@@ -160,38 +192,74 @@ fn container_network(runtime: &str, name: &str, octet: u8) {
 
     let with_ns = format!("network:{}", ns.path());
     let r = c.ctr(&[
-        "run", "-d", "--runtime", runtime, "--with-ns", &with_ns, IMAGE, &id,
-        "sh", "-c", "mkdir -p /www && exec httpd -f -p 8080 -h /www",
+        "run",
+        "-d",
+        "--runtime",
+        runtime,
+        "--with-ns",
+        &with_ns,
+        IMAGE,
+        &id,
+        "sh",
+        "-c",
+        "mkdir -p /www && exec httpd -f -p 8080 -h /www",
     ]);
     assert_eq!(r.code, Some(0), "{r:?}\n{}", c.diagnostics());
     c.wait_status(&id, "RUNNING", LONG);
 
     // The container has the namespace's address and route.
-    let addr = c.exec_ok(&id, "addr", &["ip", "-o", "-4", "addr", "show", "dev", "eth0"]);
+    let addr = c.exec_ok(
+        &id,
+        "addr",
+        &["ip", "-o", "-4", "addr", "show", "dev", "eth0"],
+    );
     assert!(
         addr.contains(&format!("inet {}/24", ns.ip)),
         "eth0 in the container must have the CNI address {}: {addr}",
         ns.ip
     );
     let route = c.exec_ok(&id, "route", &["ip", "route"]);
-    assert!(route.contains(&format!("default via {}", ns.gateway)), "{route}");
+    assert!(
+        route.contains(&format!("default via {}", ns.gateway)),
+        "{route}"
+    );
 
     // Into the container: it downloads the file from the test host.
     let t = Instant::now();
-    let got = c.exec_ok(&id, "in", &[
-        "sh", "-c",
-        &format!("wget -q -O /www/big http://{}:8081/big && sha256sum /www/big", ns.gateway),
-    ]);
+    let got = c.exec_ok(
+        &id,
+        "in",
+        &[
+            "sh",
+            "-c",
+            &format!(
+                "wget -q -O /www/big http://{}:8081/big && sha256sum /www/big",
+                ns.gateway
+            ),
+        ],
+    );
     let inbound = t.elapsed();
-    assert_eq!(got.split_whitespace().next(), Some(want.as_str()), "{MB} MB into the container arrived changed");
+    assert_eq!(
+        got.split_whitespace().next(),
+        Some(want.as_str()),
+        "{MB} MB into the container arrived changed"
+    );
 
     // Out of it: the test host downloads it from the container's server
     // on the CNI address.
     let back = c.dir.join("back");
     let t = Instant::now();
-    sh_ok(&format!("wget -q -T 600 -O {} http://{}:8080/big", back.display(), ns.ip));
+    sh_ok(&format!(
+        "wget -q -T 600 -O {} http://{}:8080/big",
+        back.display(),
+        ns.ip
+    ));
     let outbound = t.elapsed();
-    assert_eq!(sha256(&back), want, "{MB} MB out of the container arrived changed");
+    assert_eq!(
+        sha256(&back),
+        want,
+        "{MB} MB out of the container arrived changed"
+    );
     eprintln!(
         "net_cni {runtime}: into the container {}, out of it {}",
         rate(MB << 20, inbound),
@@ -201,7 +269,7 @@ fn container_network(runtime: &str, name: &str, octet: u8) {
     let _ = std::fs::remove_file(&big);
     if runtime == RUNTIME {
         assert!(
-            !fetch(&c, &id, "meta", "http://169.254.169.254:8081/small"),
+            !fetch(&c, &id, "meta", "http://169.254.169.254:8081/small", "5"),
             "the metadata address must be refused even with egress open"
         );
     }
@@ -224,9 +292,15 @@ fn assert_namespace_clean(ns: &CniNetns) {
     let (tap_there, _) = sh(&format!("ip -n {} link show burrow0", ns.name));
     assert!(!tap_there, "the tap outlived the sandbox");
     let qdiscs = sh_ok(&format!("tc -n {} qdisc show dev eth0", ns.name));
-    assert!(!qdiscs.contains("ingress"), "the redirect outlived the sandbox: {qdiscs}");
+    assert!(
+        !qdiscs.contains("ingress"),
+        "the redirect outlived the sandbox: {qdiscs}"
+    );
     let tables = sh_ok(&format!("ip netns exec {} nft list tables", ns.name));
-    assert!(!tables.contains("burrow"), "the egress table outlived the sandbox: {tables}");
+    assert!(
+        !tables.contains("burrow"),
+        "the egress table outlived the sandbox: {tables}"
+    );
 }
 
 /// busybox httpd serving `dir` on `port` of every test-host address.
@@ -240,18 +314,54 @@ fn serve(dir: &std::path::Path, port: u16) -> KillOnDrop {
     )
 }
 
-/// Whether the container fetches `url` (5 s to connect).
-fn fetch(c: &Containerd, id: &str, exec_id: &str, url: &str) -> bool {
-    let r = c.ctr(&["task", "exec", "--exec-id", exec_id, id, "wget", "-q", "-T", "5", "-O", "-", url]);
+/// Whether the container fetches `url` with wget's network timeout `secs`
+/// (short where the fetch must fail, long where it must work: the nested
+/// guest can be slow).
+fn fetch(c: &Containerd, id: &str, exec_id: &str, url: &str, secs: &str) -> bool {
+    let r = c.ctr(&[
+        "task",
+        "exec",
+        "--exec-id",
+        exec_id,
+        id,
+        "wget",
+        "-q",
+        "-T",
+        secs,
+        "-O",
+        "-",
+        url,
+    ]);
+    eprintln!("fetch {url} from {id}: {r:?}");
     r.code == Some(0) && r.stdout.contains("small")
+}
+
+/// What the namespace's tc and nftables saw (for a failure message).
+fn ns_state(ns: &CniNetns) -> String {
+    sh(&format!(
+        "ip netns exec {n} nft list ruleset; tc -s -n {n} filter show dev eth0 ingress; ip -s -n {n} link",
+        n = ns.name
+    ))
+    .1
 }
 
 fn run_in(c: &Containerd, ns: &CniNetns, id: &str, egress: &str) {
     let with_ns = format!("network:{}", ns.path());
     let annotation = format!("io.burrow.egress={egress}");
     let r = c.ctr(&[
-        "run", "-d", "--runtime", RUNTIME, "--with-ns", &with_ns, "--annotation", &annotation, IMAGE, id,
-        "sh", "-c", "mkdir -p /www && echo small > /www/small && exec httpd -f -p 8080 -h /www",
+        "run",
+        "-d",
+        "--runtime",
+        RUNTIME,
+        "--with-ns",
+        &with_ns,
+        "--annotation",
+        &annotation,
+        IMAGE,
+        id,
+        "sh",
+        "-c",
+        "mkdir -p /www && echo small > /www/small && exec httpd -f -p 8080 -h /www",
     ]);
     assert_eq!(r.code, Some(0), "{r:?}\n{}", c.diagnostics());
     c.wait_status(id, "RUNNING", LONG);
@@ -266,16 +376,68 @@ fn egress_policy_holds_outside_the_guest() {
     std::fs::create_dir_all(&www).unwrap();
     std::fs::write(www.join("small"), "small\n").unwrap();
     let (_s1, _s2) = (serve(&www, 8081), serve(&www, 8082));
-    assert!(sh(&format!("wget -q -T 5 -O - http://{}:8082/small", allow.gateway)).1.contains("small"));
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(sh(&format!(
+        "wget -q -T 5 -O - http://{}:8081/small",
+        allow.gateway
+    ))
+    .1
+    .contains("small"));
+    assert!(sh(&format!(
+        "wget -q -T 5 -O - http://{}:8082/small",
+        allow.gateway
+    ))
+    .1
+    .contains("small"));
 
     run_in(&c, &allow, "t-allow", &format!("{}:8081", allow.gateway));
-    assert!(fetch(&c, "t-allow", "a1", &format!("http://{}:8081/small", allow.gateway)), "listed: must pass");
-    assert!(!fetch(&c, "t-allow", "a2", &format!("http://{}:8082/small", allow.gateway)), "other port: refused");
-    assert!(!fetch(&c, "t-allow", "a3", "http://169.254.169.254:8081/small"), "metadata: refused");
+    assert!(
+        fetch(
+            &c,
+            "t-allow",
+            "a1",
+            &format!("http://{}:8081/small", allow.gateway),
+            "60"
+        ),
+        "listed: must pass\n{}",
+        ns_state(&allow)
+    );
+    assert!(
+        !fetch(
+            &c,
+            "t-allow",
+            "a2",
+            &format!("http://{}:8082/small", allow.gateway),
+            "5"
+        ),
+        "other port: refused"
+    );
+    assert!(
+        !fetch(
+            &c,
+            "t-allow",
+            "a3",
+            "http://169.254.169.254:8081/small",
+            "5"
+        ),
+        "metadata: refused"
+    );
 
     run_in(&c, &deny, "t-deny", "deny");
-    assert!(!fetch(&c, "t-deny", "d1", &format!("http://{}:8081/small", deny.gateway)), "deny: refused");
-    assert!(!fetch(&c, "t-deny", "d2", "http://169.254.169.254:8081/small"), "metadata: refused");
+    assert!(
+        !fetch(
+            &c,
+            "t-deny",
+            "d1",
+            &format!("http://{}:8081/small", deny.gateway),
+            "5"
+        ),
+        "deny: refused"
+    );
+    assert!(
+        !fetch(&c, "t-deny", "d2", "http://169.254.169.254:8081/small", "5"),
+        "metadata: refused"
+    );
     // Root in the guest moves its address and routes: still nothing out.
     let r = c.ctr(&[
         "task", "exec", "--exec-id", "d3", "t-deny", "sh", "-c",
@@ -286,7 +448,11 @@ fn egress_policy_holds_outside_the_guest() {
             gw = deny.gateway
         ),
     ]);
-    assert_ne!(r.code, Some(0), "root in the guest got out under deny: {r:?}");
+    assert_ne!(
+        r.code,
+        Some(0),
+        "root in the guest got out under deny: {r:?}"
+    );
     // The container keeps running and serving: replies leave.
     assert_eq!(c.task_status("t-deny").as_deref(), Some("RUNNING"));
     let inbound = sh_ok(&format!("wget -q -T 30 -O - http://{}:8080/small", deny.ip));
@@ -316,9 +482,21 @@ fn runc_control_in_the_same_network() {
 #[test]
 fn without_a_network_namespace_the_guest_has_loopback_only() {
     let c = Containerd::nested("nonet");
-    let r = c.ctr(&burrow_tests::containerd::run(&["--rm"], "t-nonet", &["ip", "-o", "link"]));
+    let r = c.ctr(&burrow_tests::containerd::run(
+        &["--rm"],
+        "t-nonet",
+        &["ip", "-o", "link"],
+    ));
     assert_eq!(r.code, Some(0), "{r:?}\n{}", c.diagnostics());
     // lo (and the kernel's own tunnel stubs such as sit0), no Ethernet NIC.
-    assert!(r.stdout.lines().any(|l| l.contains(": lo:")), "{}", r.stdout);
-    assert!(!r.stdout.contains("link/ether"), "a NIC without a network namespace: {}", r.stdout);
+    assert!(
+        r.stdout.lines().any(|l| l.contains(": lo:")),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        !r.stdout.contains("link/ether"),
+        "a NIC without a network namespace: {}",
+        r.stdout
+    );
 }

@@ -71,7 +71,9 @@ impl FromStr for Allow {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         let (net, port) = if let Some(rest) = s.strip_prefix('[') {
-            let (net, after) = rest.split_once(']').ok_or_else(|| format!("{s:?}: no ']'"))?;
+            let (net, after) = rest
+                .split_once(']')
+                .ok_or_else(|| format!("{s:?}: no ']'"))?;
             match after.strip_prefix(':') {
                 Some(p) => (net, Some(p)),
                 None if after.is_empty() => (net, None),
@@ -85,9 +87,17 @@ impl FromStr for Allow {
             }
         };
         let port = port
-            .map(|p| p.parse::<u16>().ok().filter(|&p| p > 0).ok_or_else(|| format!("{s:?}: port {p:?}")))
+            .map(|p| {
+                p.parse::<u16>()
+                    .ok()
+                    .filter(|&p| p > 0)
+                    .ok_or_else(|| format!("{s:?}: port {p:?}"))
+            })
             .transpose()?;
-        Ok(Self { net: cidr(net)?, port })
+        Ok(Self {
+            net: cidr(net)?,
+            port,
+        })
     }
 }
 
@@ -105,7 +115,10 @@ impl Egress {
         let mut s = String::new();
         let _ = writeln!(s, "table netdev {TABLE} {{");
         let _ = writeln!(s, "  chain from_guest {{");
-        let _ = writeln!(s, "    type filter hook ingress device \"{tap}\" priority 0; policy drop;");
+        let _ = writeln!(
+            s,
+            "    type filter hook ingress device \"{tap}\" priority 0; policy drop;"
+        );
         let _ = writeln!(s, "    ip daddr 169.254.0.0/16 counter drop");
         let _ = writeln!(s, "    ip6 daddr fd00:ec2::254 counter drop");
         let fwd = format!("fwd to \"{out}\"");
@@ -115,7 +128,8 @@ impl Egress {
                 match a.port {
                     Some(p) => {
                         for proto in ["tcp", "udp"] {
-                            let _ = writeln!(s, "    {fam} daddr {} {proto} dport {p} {fwd}", a.net);
+                            let _ =
+                                writeln!(s, "    {fam} daddr {} {proto} dport {p} {fwd}", a.net);
                         }
                     }
                     None => {
@@ -202,15 +216,37 @@ mod tests {
     fn modes_parse_and_refuse_nonsense() {
         assert_eq!("open".parse::<Egress>().unwrap(), Egress::Open);
         assert_eq!("deny".parse::<Egress>().unwrap(), Egress::Deny);
-        let Egress::Allow(l) = "10.0.0.0/8:443, 192.168.1.5, [fd00::/64]:53, fd00::1".parse::<Egress>().unwrap() else {
+        let Egress::Allow(l) = "10.0.0.0/8:443, 192.168.1.5, [fd00::/64]:53, fd00::1"
+            .parse::<Egress>()
+            .unwrap()
+        else {
             panic!("an allow-list");
         };
         assert_eq!(l.len(), 4);
-        assert_eq!((l[0].net.to_string(), l[0].port), ("10.0.0.0/8".into(), Some(443)));
-        assert_eq!((l[1].net.to_string(), l[1].port), ("192.168.1.5/32".into(), None));
-        assert_eq!((l[2].net.to_string(), l[2].port), ("fd00::/64".into(), Some(53)));
-        assert_eq!((l[3].net.to_string(), l[3].port), ("fd00::1/128".into(), None));
-        for bad in ["closed", "10.0.0.0/33", "10.0.0.1:0", "10.0.0.1:99999", "[fd00::1", "example.com:443"] {
+        assert_eq!(
+            (l[0].net.to_string(), l[0].port),
+            ("10.0.0.0/8".into(), Some(443))
+        );
+        assert_eq!(
+            (l[1].net.to_string(), l[1].port),
+            ("192.168.1.5/32".into(), None)
+        );
+        assert_eq!(
+            (l[2].net.to_string(), l[2].port),
+            ("fd00::/64".into(), Some(53))
+        );
+        assert_eq!(
+            (l[3].net.to_string(), l[3].port),
+            ("fd00::1/128".into(), None)
+        );
+        for bad in [
+            "closed",
+            "10.0.0.0/33",
+            "10.0.0.1:0",
+            "10.0.0.1:99999",
+            "[fd00::1",
+            "example.com:443",
+        ] {
             assert!(bad.parse::<Egress>().is_err(), "{bad}");
         }
         let many = vec!["10.0.0.1"; MAX_ALLOW + 1].join(",");
@@ -219,7 +255,11 @@ mod tests {
 
     #[test]
     fn every_mode_drops_metadata_and_only_open_lets_new_connections_out() {
-        for mode in [Egress::Open, Egress::Deny, "10.1.0.0/16:80".parse().unwrap()] {
+        for mode in [
+            Egress::Open,
+            Egress::Deny,
+            "10.1.0.0/16:80".parse().unwrap(),
+        ] {
             let r = mode.ruleset("burrow0", "eth0");
             assert!(r.contains("hook ingress device \"burrow0\""), "{r}");
             assert!(r.contains("ip daddr 169.254.0.0/16 counter drop"), "{r}");
@@ -227,9 +267,15 @@ mod tests {
             assert!(r.trim_end().ends_with("fwd to \"eth0\"\n  }\n}"), "{r}");
             assert_eq!(r.contains("syn | ack) == syn"), mode != Egress::Open, "{r}");
         }
-        let r = "10.1.0.0/16:80".parse::<Egress>().unwrap().ruleset("t", "e");
+        let r = "10.1.0.0/16:80"
+            .parse::<Egress>()
+            .unwrap()
+            .ruleset("t", "e");
         let allow = r.find("ip daddr 10.1.0.0/16 tcp dport 80 fwd").unwrap();
         let deny = r.find("syn | ack").unwrap();
-        assert!(allow < deny, "allowed destinations come before the drops: {r}");
+        assert!(
+            allow < deny,
+            "allowed destinations come before the drops: {r}"
+        );
     }
 }

@@ -98,22 +98,30 @@ impl SandboxNet {
     pub async fn setup(netns: &Path, egress: Egress) -> Result<Self> {
         let path = netns.to_path_buf();
         let rules = egress.clone();
-        let (tap, cni_if, guest) = in_netns(netns, move |h| Box::pin(async move {
-            let cni = cni_interface(&h).await?;
-            let guest = read_config(&h, &cni).await?;
-            let tap = open_tap(TAP_NAME)?;
-            let joined = async {
-                join(&h, &cni, guest.mtu).await?;
-                egress::nft(&rules.ruleset(TAP_NAME, &name_of(&cni)))
-            };
-            if let Err(e) = joined.await {
-                let _ = unjoin(&h, cni.header.index).await;
-                return Err(e);
-            }
-            Ok((tap, name_of(&cni), guest))
-        }))
+        let (tap, cni_if, guest) = in_netns(netns, move |h| {
+            Box::pin(async move {
+                let cni = cni_interface(&h).await?;
+                let guest = read_config(&h, &cni).await?;
+                let tap = open_tap(TAP_NAME)?;
+                let joined = async {
+                    join(&h, &cni, guest.mtu).await?;
+                    egress::nft(&rules.ruleset(TAP_NAME, &name_of(&cni)))
+                };
+                if let Err(e) = joined.await {
+                    let _ = unjoin(&h, cni.header.index).await;
+                    return Err(e);
+                }
+                Ok((tap, name_of(&cni), guest))
+            })
+        })
         .await?;
-        let net = Self { netns: path, tap, cni_if, egress, guest };
+        let net = Self {
+            netns: path,
+            tap,
+            cni_if,
+            egress,
+            guest,
+        };
         tracing::info!("sandbox network: {net:?}");
         Ok(net)
     }
@@ -135,13 +143,15 @@ impl SandboxNet {
     /// takes its own qdisc with it). The namespace may already be gone.
     pub async fn teardown(self) {
         let cni_if = self.cni_if.clone();
-        let r = in_netns(&self.netns, move |h| Box::pin(async move {
-            let _ = egress::teardown();
-            if let Some(link) = link_by_name(&h, &cni_if).await? {
-                unjoin(&h, link.header.index).await?;
-            }
-            Ok(())
-        }))
+        let r = in_netns(&self.netns, move |h| {
+            Box::pin(async move {
+                let _ = egress::teardown();
+                if let Some(link) = link_by_name(&h, &cni_if).await? {
+                    unjoin(&h, link.header.index).await?;
+                }
+                Ok(())
+            })
+        })
         .await;
         if let Err(e) = r {
             tracing::debug!("sandbox network teardown: {e}");
@@ -241,7 +251,10 @@ async fn read_config(h: &Handle, link: &LinkMessage) -> Result<GuestNet> {
     for a in &link.attributes {
         match a {
             LinkAttribute::Address(m) => {
-                net.mac = m.as_slice().try_into().map_err(|_| net_err("MAC", format!("{m:02x?}")))?;
+                net.mac = m
+                    .as_slice()
+                    .try_into()
+                    .map_err(|_| net_err("MAC", format!("{m:02x?}")))?;
             }
             LinkAttribute::Mtu(m) => net.mtu = *m,
             _ => {}
@@ -265,7 +278,8 @@ async fn read_config(h: &Handle, link: &LinkMessage) -> Result<GuestNet> {
         });
         if let Some(ip) = ip {
             if net.addrs.len() < burrow_protocol::net::MAX_ADDRS {
-                net.addrs.push(Cidr::new(ip, a.header.prefix_len).map_err(|e| net_err("address", e))?);
+                net.addrs
+                    .push(Cidr::new(ip, a.header.prefix_len).map_err(|e| net_err("address", e))?);
             }
         }
     }
@@ -326,7 +340,11 @@ fn guest_route(r: &RouteMessage, index: u32) -> Option<Route> {
         return None;
     }
     let v6 = r.header.address_family == rtnetlink::packet_route::AddressFamily::Inet6;
-    let dst = dst.unwrap_or(if v6 { IpAddr::V6(Ipv6Addr::UNSPECIFIED) } else { IpAddr::V4(Ipv4Addr::UNSPECIFIED) });
+    let dst = dst.unwrap_or(if v6 {
+        IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+    } else {
+        IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+    });
     if gateway.is_none() && (r.header.protocol == RouteProtocol::Kernel || dst.is_multicast()) {
         return None;
     }
@@ -354,12 +372,23 @@ fn open_tap(name: &str) -> Result<OwnedFd> {
     // SAFETY: open(2) of a constant path; the fd is owned right away.
     let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
     if fd < 0 {
-        return Err(net_err("opening /dev/net/tun", std::io::Error::last_os_error()));
+        return Err(net_err(
+            "opening /dev/net/tun",
+            std::io::Error::last_os_error(),
+        ));
     }
     // SAFETY: just opened.
     let tap = unsafe { OwnedFd::from_raw_fd(fd) };
-    let mut req = IfReq { name: [0; libc::IFNAMSIZ], flags: 0, _pad: [0; 22] };
-    for (d, s) in req.name.iter_mut().zip(name.bytes().take(libc::IFNAMSIZ - 1)) {
+    let mut req = IfReq {
+        name: [0; libc::IFNAMSIZ],
+        flags: 0,
+        _pad: [0; 22],
+    };
+    for (d, s) in req
+        .name
+        .iter_mut()
+        .zip(name.bytes().take(libc::IFNAMSIZ - 1))
+    {
         *d = s;
     }
     req.flags = (libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR) as libc::c_short;
@@ -407,8 +436,13 @@ async fn unjoin(h: &Handle, index: u32) -> Result<()> {
     let mut del = h.qdisc().del(index);
     let m = del.message_mut();
     m.header.parent = TcHandle::INGRESS;
-    m.header.handle = TcHandle { major: 0xffff, minor: 0 };
-    del.execute().await.map_err(|e| net_err("removing the ingress qdisc", e))
+    m.header.handle = TcHandle {
+        major: 0xffff,
+        minor: 0,
+    };
+    del.execute()
+        .await
+        .map_err(|e| net_err("removing the ingress qdisc", e))
 }
 
 impl super::VmSandbox {
@@ -455,9 +489,16 @@ mod tests {
             {"type": "pid"},
             {"type": "network", "path": "/var/run/netns/cni-1"},
         ]}});
-        assert_eq!(netns_path(&spec), Some(PathBuf::from("/var/run/netns/cni-1")));
+        assert_eq!(
+            netns_path(&spec),
+            Some(PathBuf::from("/var/run/netns/cni-1"))
+        );
         let fresh: Value = serde_json::json!({"linux": {"namespaces": [{"type": "network"}]}});
-        assert_eq!(netns_path(&fresh), None, "a new unnamed namespace: loopback only");
+        assert_eq!(
+            netns_path(&fresh),
+            None,
+            "a new unnamed namespace: loopback only"
+        );
         assert_eq!(netns_path(&serde_json::json!({})), None);
     }
 

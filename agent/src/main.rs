@@ -15,6 +15,7 @@ mod error;
 mod fs;
 mod host_only;
 mod init;
+mod net;
 mod oom;
 mod process;
 mod reaper;
@@ -140,6 +141,13 @@ fn main() -> anyhow::Result<()> {
 
 async fn serve(args: Args, pid1: bool) -> anyhow::Result<()> {
     reaper::start().context("watch SIGCHLD")?;
+    if pid1 {
+        // Before the agent answers: the shim starts the container only
+        // once the guest's NIC has the namespace's address.
+        if let Err(e) = net::configure_from_cmdline().await {
+            tracing::error!("configuring the guest network: {e:#}");
+        }
+    }
     std::fs::create_dir_all(args.state_dir.join("containers"))
         .with_context(|| format!("create {}", args.state_dir.display()))?;
     // In a guest the kernel command line names the browser image:

@@ -64,6 +64,8 @@
 //! ALREADY_EXISTS, FAILED_PRECONDITION (not running, already started,
 //! stdin closed, mount failed), PERMISSION_DENIED, INTERNAL.
 
+pub mod net;
+
 pub use protobuf;
 pub use ttrpc;
 

@@ -9,6 +9,9 @@ pub use burrow_vmm_api::BASE_CMDLINE as DEFAULT_CMDLINE;
 /// A disk as the command line gives it (`PATH` or `PATH:ro`).
 pub use burrow_vmm_api::DiskArg as DiskConfig;
 
+/// The NIC as the command line gives it (`fd=N,mac=..` or `tap=NAME,mac=..`).
+pub use burrow_vmm_api::NetArg as NetConfig;
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VsockConfig {
     /// Host-side unix socket; guest-initiated connections go to `<path>_<port>`.
@@ -20,7 +23,10 @@ pub struct VsockConfig {
 pub enum SerialOutput {
     Stdout,
     /// A file, rotated to `PATH.1` past `max_bytes` (see [`crate::capped`]).
-    File { path: PathBuf, max_bytes: u64 },
+    File {
+        path: PathBuf,
+        max_bytes: u64,
+    },
     Discard,
 }
 
@@ -31,6 +37,7 @@ pub struct VmConfig {
     pub cmdline: String,
     pub disks: Vec<DiskConfig>,
     pub vsock: Option<VsockConfig>,
+    pub net: Option<NetConfig>,
     pub vcpus: u8,
     pub mem_mib: u64,
     pub serial: SerialOutput,
@@ -46,6 +53,7 @@ impl VmConfig {
             cmdline: DEFAULT_CMDLINE.into(),
             disks: Vec::new(),
             vsock: None,
+            net: None,
             vcpus: 1,
             mem_mib: 256,
             serial: SerialOutput::Stdout,

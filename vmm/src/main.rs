@@ -128,6 +128,7 @@ fn restore(args: &RunArgs, dir: &std::path::Path) -> anyhow::Result<(Vmm, Option
         serial_stdin,
         vsock: args.vsock.clone(),
         disks: args.disks.iter().map(|d| d.path.clone()).collect(),
+        net: args.net.as_ref().map(|n| n.tap.clone()),
     };
     check_restore(&opts, &state).with_context(|| format!("snapshot {}", dir.display()))?;
     let api = bind_api(args)?;
@@ -155,6 +156,7 @@ fn build(args: &RunArgs) -> anyhow::Result<(Vmm, Option<UnixListener>)> {
         config.cmdline.push_str(extra);
     }
     config.disks = args.disks.clone();
+    config.net = args.net.clone();
     config.vsock = args.vsock.as_ref().map(|p| VsockConfig {
         uds_path: p.clone(),
         guest_cid: args.cid,

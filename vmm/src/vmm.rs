@@ -41,6 +41,7 @@ use crate::devices::i8042::I8042;
 use crate::devices::serial::{IrqEvt, Serial, SerialOut};
 use crate::devices::virtio::block::Block;
 use crate::devices::virtio::mmio::{MmioTransport, REG_QUEUE_NOTIFY};
+use crate::devices::virtio::net::{Net, Tap};
 use crate::devices::virtio::vsock::Vsock;
 use crate::devices::virtio::{IrqTrigger, VirtioDevice};
 use crate::snapshot;
@@ -72,6 +73,8 @@ pub enum VmmError {
     Block(#[from] crate::devices::virtio::block::BlockError),
     #[error(transparent)]
     Vsock(#[from] crate::devices::virtio::vsock::VsockError),
+    #[error(transparent)]
+    Net(#[from] crate::devices::virtio::net::NetError),
     #[error("{0}: {1}")]
     Io(&'static str, #[source] std::io::Error),
     #[error("cannot restore the snapshot: {0}")]
@@ -167,7 +170,9 @@ impl Vmm {
                 config.mem_mib
             )));
         }
-        let devices_wanted = config.disks.len() + usize::from(config.vsock.is_some());
+        let devices_wanted = config.disks.len()
+            + usize::from(config.vsock.is_some())
+            + usize::from(config.net.is_some());
         if devices_wanted > (IRQ_MAX - IRQ_VIRTIO_START + 1) as usize {
             return Err(VmmError::Config(format!("too many devices: {devices_wanted}")));
         }
@@ -205,6 +210,10 @@ impl Vmm {
         }
         if let Some(v) = &config.vsock {
             virtio.push(Box::new(Vsock::new(v.guest_cid, &v.uds_path)?));
+        }
+        if let Some(n) = &config.net {
+            let tap = Tap::open(&n.tap).map_err(crate::devices::virtio::net::NetError::from)?;
+            virtio.push(Box::new(Net::new(tap, n.mac.0)?));
         }
         let mut devices = Vec::new();
         let mut mmio = Vec::new();

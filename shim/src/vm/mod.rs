@@ -18,11 +18,13 @@
 
 pub mod agent;
 pub mod checkpoint;
+pub mod egress;
 pub mod hibernate;
 pub mod intake;
 pub mod launch;
 pub mod lifecycle;
 pub mod named;
+pub mod net;
 pub mod rootfs;
 pub mod snapshot;
 pub mod sparse;
@@ -59,6 +61,8 @@ pub struct VmSandbox {
     dir: PathBuf,
     /// The VM: the only owner of its phase.
     vm: Lifecycle,
+    /// The VM's NIC when the spec names a network namespace.
+    net: tokio::sync::Mutex<Option<net::SandboxNet>>,
     /// What each container runs on and is known by in the guest.
     containers: std::sync::Mutex<HashMap<String, Contents>>,
     /// Last exec, stdio traffic or RPC (for hibernate-on-idle).
@@ -136,6 +140,7 @@ impl VmSandbox {
                 Box::new(launcher),
                 state_dir(&snapshots, namespace, sandbox_id),
             ),
+            net: tokio::sync::Mutex::new(None),
             containers: std::sync::Mutex::new(HashMap::new()),
             last_activity: std::sync::Mutex::new(Instant::now()),
             me: me.clone(),
@@ -259,6 +264,7 @@ impl VmSandbox {
         } else {
             self.drop_container_files(&c.id);
             if matches!(self.vm.phase(), Phase::Empty | Phase::Gone(_)) {
+                self.drop_network().await;
                 cleanup_state(&self.dir);
             }
         }
@@ -325,6 +331,7 @@ impl VmSandbox {
             (size.vcpus, size.memory_mib),
             None,
         )?;
+        let args = self.with_network(&c.spec, args).await?;
         tracing::info!(
             "booting VM: {} vCPUs, {} MiB, {}",
             size.vcpus,
@@ -374,6 +381,7 @@ impl VmSandbox {
             (manifest.vcpus, manifest.memory_mib),
             Some(vm_dir),
         )?;
+        let args = self.with_network(&c.spec, args).await?;
         tracing::info!(
             "{}: restoring container {} from {}: {}",
             c.id,
@@ -608,6 +616,7 @@ impl Sandbox for VmSandbox {
             self.drop_container_files(&id);
         }
         self.vm.stop(Gone::Stopped).await;
+        self.drop_network().await;
         cleanup_state(&self.dir);
         Ok(())
     }

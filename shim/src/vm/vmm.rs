@@ -94,6 +94,19 @@ impl Vmm {
             .stdout(Stdio::null())
             .stderr(Stdio::from(log_file))
             .kill_on_drop(true);
+        if let Some(burrow_vmm_api::TapSource::Fd(fd)) = launch.args.net.as_ref().map(|n| n.tap.clone()) {
+            // SAFETY: between fork and exec the closure only calls
+            // fcntl(2), which is async-signal-safe: the tap (opened
+            // close-on-exec in the shim) stays open in burrow-vmm alone.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         let mut child = cmd.spawn().map_err(|e| {
             SandboxError::FailedPrecondition(format!("starting {}: {e}", launch.binary.display()))
         })?;

@@ -3,7 +3,7 @@
 //! same type with clap ([`Cli`]).
 //!
 //! `burrow-vmm run --kernel PATH [--initrd PATH] [--cmdline STR] [--append STR]...
-//! [--disk PATH[:ro]]... [--vsock PATH] [--cid N] [--vcpus N] [--mem MiB]
+//! [--disk PATH[:ro]]... [--net fd=N|tap=NAME,mac=MAC] [--vsock PATH] [--cid N] [--vcpus N] [--mem MiB]
 //! [--serial-log PATH] [--api PATH] [--paused] [--exit-with-parent]` boots a VM;
 //! `burrow-vmm run --restore DIR [--disk PATH]... [--vsock PATH]
 //! [--serial-log PATH] [--api PATH] [--paused] [--exit-with-parent]` rebuilds one from a
@@ -85,6 +85,10 @@ pub struct VmmArgs {
     /// Raw disk image, `PATH` (read-write) or `PATH:ro`; repeatable.
     #[arg(long = "disk")]
     pub disks: Vec<DiskArg>,
+    /// The guest NIC: `fd=N,mac=MAC` (an inherited tap) or
+    /// `tap=NAME,mac=MAC`; on a restore it replaces the recorded tap.
+    #[arg(long)]
+    pub net: Option<crate::NetArg>,
     /// Host side of vsock: unix socket path (guest connections go to PATH_<port>).
     #[arg(long)]
     pub vsock: Option<PathBuf>,
@@ -129,6 +133,7 @@ impl VmmArgs {
             cmdline: BASE_CMDLINE.into(),
             append: Vec::new(),
             disks: Vec::new(),
+            net: None,
             vsock: None,
             cid: DEFAULT_CID,
             vcpus: DEFAULT_VCPUS,
@@ -181,6 +186,9 @@ impl VmmArgs {
         }
         for d in &self.disks {
             flag("disk", d.to_arg());
+        }
+        if let Some(n) = &self.net {
+            flag("net", n.to_arg().into());
         }
         for (name, path) in [
             ("vsock", &self.vsock),
@@ -294,6 +302,7 @@ mod tests {
                     read_only: false,
                 },
             ],
+            net: Some("fd=5,mac=02:00:00:00:00:07".parse().unwrap()),
             vsock: Some("/s/v".into()),
             cid: 7,
             vcpus: 4,

@@ -8,6 +8,7 @@
 //! | [`args`] | `burrow-vmm`'s command line ([`VmmArgs`]) and the base guest kernel command line |
 //! | [`messages`] | the VMM control API: [`Command`] in, [`Response`] and [`Event`] lines out |
 //! | [`error`] | [`ApiError`]: an [`ErrorKind`] and a message, as carried over the wire |
+//! | [`net`] | `--net`: the guest NIC's tap and MAC |
 //! | [`layout`] | file names and limits of snapshot and checkpoint directories |
 //! | [`sandbox_control`] | the shim's control socket that `burrow sandbox` talks to |
 
@@ -15,12 +16,16 @@ pub mod args;
 pub mod error;
 pub mod layout;
 pub mod messages;
+pub mod net;
 pub mod sandbox_control;
 pub mod sandbox_tools;
 
-pub use args::{Cli, DiskArg, VmmArgs, VmmCommand, BASE_CMDLINE, DEFAULT_LOG_MAX, DEFAULT_SERIAL_LOG_MAX};
+pub use args::{
+    Cli, DiskArg, VmmArgs, VmmCommand, BASE_CMDLINE, DEFAULT_LOG_MAX, DEFAULT_SERIAL_LOG_MAX,
+};
 pub use error::{ApiError, ErrorKind};
 pub use messages::{Command, Event, Line, Request, Response, SnapshotInfo, VmState, MAX_LINE};
+pub use net::{Mac, NetArg, TapSource};
 
 /// `msg` as one JSON line (with its newline), the framing of both control
 /// sockets.

@@ -162,6 +162,10 @@ pub fn validate(state: &MicrovmState) -> Result<(), RestoreError> {
     if vsocks > 1 {
         return Err(invalid(format!("{vsocks} vsock devices (at most one)")));
     }
+    let nics = state.devices.iter().filter(|d| matches!(d.device, DeviceState::Net(_))).count();
+    if nics > 1 {
+        return Err(invalid(format!("{nics} network devices (at most one)")));
+    }
     if let MemoryKind::Incremental { runs, .. } = &state.memory.kind {
         check_runs(runs, state.memory.total_bytes() / PAGE_SIZE as u64)?;
     }

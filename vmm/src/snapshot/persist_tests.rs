@@ -156,6 +156,7 @@ fn device_from(fx: &Fixture, s: &crate::devices::virtio::persist::MmioState) -> 
     match &s.device {
         DeviceState::Block(b) => Box::new(Block::restore(BlockContext { path: fx.disk(), device: ctx }, b).unwrap()),
         DeviceState::Vsock(v) => Box::new(Vsock::restore(VsockContext { uds_path: fx.sock(), device: ctx }, v).unwrap()),
+        DeviceState::Net(_) => panic!("the NIC's round trip is in devices/virtio/net/tests.rs"),
         DeviceState::Unsupported(t) => panic!("device type {t} has no snapshot support"),
     }
 }

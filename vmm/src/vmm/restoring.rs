@@ -19,6 +19,8 @@ use crate::devices::serial::{IrqEvt, Serial};
 use crate::devices::virtio::block::persist::BlockContext;
 use crate::devices::virtio::block::Block;
 use crate::devices::virtio::mmio::MmioTransport;
+use crate::devices::virtio::net::persist::NetContext;
+use crate::devices::virtio::net::{Net, Tap};
 use crate::devices::virtio::persist::{DeviceContext, DeviceState, MmioContext};
 use crate::devices::virtio::vsock::persist::VsockContext;
 use crate::devices::virtio::vsock::Vsock;
@@ -40,6 +42,8 @@ pub struct RestoreConfig {
     pub vsock: Option<PathBuf>,
     /// Disk image paths in device order (default: the recorded ones).
     pub disks: Vec<PathBuf>,
+    /// The NIC's tap (default: the recorded tap name, opened here).
+    pub net: Option<burrow_vmm_api::TapSource>,
 }
 
 /// Checks of a restore's inputs that need no VM: the disk paths (given or
@@ -139,6 +143,7 @@ impl Vmm {
             let max_sizes = match &ms.device {
                 DeviceState::Block(_) => 1,
                 DeviceState::Vsock(_) => 3,
+                DeviceState::Net(_) => 2,
                 DeviceState::Unsupported(t) => {
                     return Err(VmmError::Restore(format!("device {i}: type {t} cannot be restored")))
                 }
@@ -154,6 +159,11 @@ impl Vmm {
                 DeviceState::Vsock(v) => {
                     let uds_path = opts.vsock.clone().unwrap_or_else(|| v.uds_path.clone());
                     Box::new(Vsock::restore(VsockContext { uds_path, device: ctx }, v).map_err(|e| dev_err(&e))?)
+                }
+                DeviceState::Net(n) => {
+                    let source = opts.net.clone().unwrap_or_else(|| burrow_vmm_api::TapSource::Name(n.tap_name.clone()));
+                    let tap = Tap::open(&source).map_err(|e| dev_err(&e))?;
+                    Box::new(Net::restore(NetContext { tap, device: ctx }, n).map_err(|e| dev_err(&e))?)
                 }
                 DeviceState::Unsupported(_) => return Err(dev_err(&"unsupported")),
             };

@@ -8,6 +8,7 @@ pub mod base;
 pub mod block;
 pub mod fuzz;
 pub mod mmio;
+pub mod net;
 pub mod persist;
 pub mod queue;
 pub mod vsock;
@@ -22,6 +23,7 @@ pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
 pub const VIRTIO_MMIO_INT_VRING: u32 = 0x01;
 pub const VIRTIO_MMIO_INT_CONFIG: u32 = 0x02;
 
+pub const TYPE_NET: u32 = 1;
 pub const TYPE_BLOCK: u32 = 2;
 pub const TYPE_VSOCK: u32 = 19;
 

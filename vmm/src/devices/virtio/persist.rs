@@ -12,6 +12,7 @@ use virtio_queue::{Queue, QueueState, QueueT};
 
 use super::block::persist::BlockState;
 use super::mmio::{MmioTransport, Registers};
+use super::net::persist::NetState;
 use super::vsock::persist::VsockState;
 use super::{IrqTrigger, VirtioDevice};
 use crate::snapshot::Persist;
@@ -107,6 +108,7 @@ pub fn restore_queues(
 pub enum DeviceState {
     Block(BlockState),
     Vsock(VsockState),
+    Net(NetState),
     /// A device without snapshot support (test devices): a VM with one
     /// refuses to snapshot.
     Unsupported(u32),

@@ -1,0 +1,105 @@
+//! The guest's NIC: configured at boot from [`GuestNet`] on the kernel
+//! command line (the shim copies the container network namespace's
+//! interface: its MAC, MTU, addresses and routes), over rtnetlink.
+//! Without `burrow.net` the guest has loopback only.
+
+use std::net::IpAddr;
+
+use burrow_protocol::net::{GuestNet, Route};
+use futures::TryStreamExt;
+use rtnetlink::packet_route::link::{LinkAttribute, LinkMessage};
+use rtnetlink::packet_route::route::RouteScope;
+use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
+
+/// Read `burrow.net` from the command line and apply it; nothing to do
+/// when it is absent.
+pub async fn configure_from_cmdline() -> anyhow::Result<()> {
+    let Some(value) = crate::init::kernel_cmdline_value(burrow_protocol::net::CMDLINE_KEY) else {
+        return Ok(());
+    };
+    let net: GuestNet = value
+        .parse()
+        .map_err(|e| anyhow::anyhow!("{}={value}: {e}", burrow_protocol::net::CMDLINE_KEY))?;
+    configure(&net).await
+}
+
+/// Bring the NIC whose MAC is `net.mac` up with `net`'s MTU, addresses
+/// and routes.
+pub async fn configure(net: &GuestNet) -> anyhow::Result<()> {
+    let (conn, handle, _) = rtnetlink::new_connection()?;
+    let task = tokio::spawn(conn);
+    let r = apply(&handle, net).await;
+    task.abort();
+    r
+}
+
+async fn apply(handle: &Handle, net: &GuestNet) -> anyhow::Result<()> {
+    let link = find_by_mac(handle, net.mac)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no network interface has MAC {:02x?}", net.mac))?;
+    let index = link.header.index;
+    handle
+        .link()
+        .set(LinkUnspec::new_with_index(index).mtu(net.mtu).up().build())
+        .execute()
+        .await
+        .map_err(|e| anyhow::anyhow!("setting link {index} up with MTU {}: {e}", net.mtu))?;
+    for a in &net.addrs {
+        handle
+            .address()
+            .add(index, a.ip, a.prefix)
+            .replace()
+            .execute()
+            .await
+            .map_err(|e| anyhow::anyhow!("adding address {a}: {e}"))?;
+    }
+    // On-link routes first: a gateway must be reachable before a route
+    // through it is accepted.
+    let (direct, via): (Vec<&Route>, Vec<&Route>) =
+        net.routes.iter().partition(|r| r.gateway.is_none());
+    for r in direct.into_iter().chain(via) {
+        add_route(handle, index, r)
+            .await
+            .map_err(|e| anyhow::anyhow!("adding route {}: {e}", describe(r)))?;
+    }
+    tracing::info!(
+        "network: link {index} up, MTU {}, {} addresses, {} routes",
+        net.mtu,
+        net.addrs.len(),
+        net.routes.len()
+    );
+    Ok(())
+}
+
+fn describe(r: &Route) -> String {
+    match r.gateway {
+        Some(gw) => format!("{} via {gw}", r.dst),
+        None => format!("{} on link", r.dst),
+    }
+}
+
+async fn add_route(handle: &Handle, index: u32, r: &Route) -> anyhow::Result<()> {
+    let mut b = RouteMessageBuilder::<IpAddr>::new()
+        .destination_prefix(r.dst.ip, r.dst.prefix)?
+        .output_interface(index);
+    match r.gateway {
+        Some(gw) => b = b.gateway(gw)?,
+        None => b = b.scope(RouteScope::Link),
+    }
+    handle.route().add(b.build()).replace().execute().await?;
+    Ok(())
+}
+
+async fn find_by_mac(handle: &Handle, mac: [u8; 6]) -> anyhow::Result<Option<LinkMessage>> {
+    let mut links = handle.link().get().execute();
+    while let Some(l) = links.try_next().await? {
+        let matches = l
+            .attributes
+            .iter()
+            .any(|a| matches!(a, LinkAttribute::Address(m) if m.as_slice() == mac));
+        if matches {
+            return Ok(Some(l));
+        }
+    }
+    Ok(None)
+}

@@ -1,0 +1,281 @@
+//! The sandbox's egress policy, enforced in its network namespace on the
+//! host side of the tap, where the guest (even as root with a kernel of
+//! its own) cannot reach it.
+//!
+//! Frames from the guest enter the namespace at the tap's ingress; an
+//! nftables `netdev` chain hooked there filters them and forwards what
+//! passes to the CNI interface (`fwd to`, the nftables twin of tc's mirred
+//! redirect, which the other direction keeps). tc's redirect would bypass
+//! every netfilter hook, so this direction is nftables' own.
+//!
+//! Always dropped: IPv4 link-local (169.254.0.0/16, the cloud metadata
+//! address 169.254.169.254 among them) and AWS's IPv6 metadata address
+//! fd00:ec2::254. Then by mode (annotation `io.burrow.egress`):
+//!
+//! - `open` (default): everything else leaves;
+//! - `deny`: no new connection leaves: TCP SYNs, UDP and ICMP echo
+//!   requests are dropped; replies to connections made to the container
+//!   still go out;
+//! - an allow-list, `CIDR[:PORT],...` (IPv6 as `[CIDR]:PORT`): new TCP/UDP
+//!   connections and pings only to those, as `deny` otherwise.
+//!
+//! The chain is stateless (a `netdev` hook has no conntrack): it stops new
+//! connections, not a root guest that hand-crafts non-SYN TCP segments.
+//! The table goes with the namespace, and [`teardown`] removes it before.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::process::{Command, Stdio};
+use std::str::FromStr;
+
+use burrow_protocol::net::Cidr;
+
+use crate::sandbox::{Result, SandboxError};
+
+/// The annotation that picks the mode.
+pub const ANNOTATION: &str = "io.burrow.egress";
+/// The nftables table, in the sandbox's namespace.
+pub const TABLE: &str = "burrow_egress";
+/// Most allow-list entries.
+pub const MAX_ALLOW: usize = 64;
+
+/// One allow-list entry: a destination network, optionally one port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Allow {
+    pub net: Cidr,
+    pub port: Option<u16>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Egress {
+    #[default]
+    Open,
+    Deny,
+    Allow(Vec<Allow>),
+}
+
+fn bad(msg: String) -> SandboxError {
+    SandboxError::InvalidArgument(format!("{ANNOTATION}: {msg}"))
+}
+
+fn cidr(s: &str) -> std::result::Result<Cidr, String> {
+    if s.contains('/') {
+        s.parse()
+    } else {
+        let ip: std::net::IpAddr = s.parse().map_err(|_| format!("{s:?} is not an address"))?;
+        Cidr::new(ip, if ip.is_ipv4() { 32 } else { 128 })
+    }
+}
+
+impl FromStr for Allow {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let (net, port) = if let Some(rest) = s.strip_prefix('[') {
+            let (net, after) = rest
+                .split_once(']')
+                .ok_or_else(|| format!("{s:?}: no ']'"))?;
+            match after.strip_prefix(':') {
+                Some(p) => (net, Some(p)),
+                None if after.is_empty() => (net, None),
+                None => return Err(format!("{s:?}: junk after ']'")),
+            }
+        } else {
+            match s.split_once(':') {
+                Some((n, p)) if !n.contains(':') && !p.contains(':') => (n, Some(p)),
+                Some(_) => (s, None),
+                None => (s, None),
+            }
+        };
+        let port = port
+            .map(|p| {
+                p.parse::<u16>()
+                    .ok()
+                    .filter(|&p| p > 0)
+                    .ok_or_else(|| format!("{s:?}: port {p:?}"))
+            })
+            .transpose()?;
+        Ok(Self {
+            net: cidr(net)?,
+            port,
+        })
+    }
+}
+
+impl Egress {
+    /// The mode the spec's annotation asks for (`open` without one).
+    pub fn from_spec(spec: &serde_json::Value) -> Result<Self> {
+        match crate::spec::annotation(spec, ANNOTATION) {
+            None => Ok(Self::Open),
+            Some(v) => v.parse().map_err(bad),
+        }
+    }
+
+    /// The nftables script for tap `tap` forwarding to `out`.
+    pub fn ruleset(&self, tap: &str, out: &str) -> String {
+        let mut s = String::new();
+        let _ = writeln!(s, "table netdev {TABLE} {{");
+        let _ = writeln!(s, "  chain from_guest {{");
+        let _ = writeln!(
+            s,
+            "    type filter hook ingress device \"{tap}\" priority 0; policy drop;"
+        );
+        let _ = writeln!(s, "    ip daddr 169.254.0.0/16 counter drop");
+        let _ = writeln!(s, "    ip6 daddr fd00:ec2::254 counter drop");
+        let fwd = format!("fwd to \"{out}\"");
+        if let Self::Allow(list) = self {
+            for a in list {
+                let fam = if a.net.ip.is_ipv4() { "ip" } else { "ip6" };
+                match a.port {
+                    Some(p) => {
+                        for proto in ["tcp", "udp"] {
+                            let _ =
+                                writeln!(s, "    {fam} daddr {} {proto} dport {p} {fwd}", a.net);
+                        }
+                    }
+                    None => {
+                        let _ = writeln!(s, "    {fam} daddr {} {fwd}", a.net);
+                    }
+                }
+            }
+        }
+        if *self != Self::Open {
+            let _ = writeln!(s, "    tcp flags & (syn | ack) == syn counter drop");
+            let _ = writeln!(s, "    meta l4proto udp counter drop");
+            let _ = writeln!(s, "    icmp type echo-request counter drop");
+            let _ = writeln!(s, "    icmpv6 type echo-request counter drop");
+        }
+        let _ = writeln!(s, "    {fwd}");
+        let _ = writeln!(s, "  }}");
+        let _ = writeln!(s, "}}");
+        s
+    }
+}
+
+impl FromStr for Egress {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.trim() {
+            "" | "open" => Ok(Self::Open),
+            "deny" => Ok(Self::Deny),
+            list => {
+                let entries: Vec<Allow> = list
+                    .split(',')
+                    .map(|e| e.trim().parse())
+                    .collect::<std::result::Result<_, _>>()?;
+                if entries.len() > MAX_ALLOW {
+                    return Err(format!("more than {MAX_ALLOW} entries"));
+                }
+                Ok(Self::Allow(entries))
+            }
+        }
+    }
+}
+
+/// Load `script` with `nft -f -`. Must run on a thread inside the
+/// sandbox's namespace (the child inherits it).
+pub fn nft(script: &str) -> Result<()> {
+    let mut child = Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| {
+            SandboxError::FailedPrecondition(format!(
+                "sandbox network: running nft (apt-get install nftables): {e}"
+            ))
+        })?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(script.as_bytes())
+            .map_err(|e| SandboxError::Internal(format!("nft: {e}")))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| SandboxError::Internal(format!("nft: {e}")))?;
+    if !out.status.success() {
+        return Err(SandboxError::FailedPrecondition(format!(
+            "sandbox network: nft: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
+}
+
+/// Remove the table (on a thread inside the namespace).
+pub fn teardown() -> Result<()> {
+    nft(&format!("delete table netdev {TABLE}\n"))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_parse_and_refuse_nonsense() {
+        assert_eq!("open".parse::<Egress>().unwrap(), Egress::Open);
+        assert_eq!("deny".parse::<Egress>().unwrap(), Egress::Deny);
+        let Egress::Allow(l) = "10.0.0.0/8:443, 192.168.1.5, [fd00::/64]:53, fd00::1"
+            .parse::<Egress>()
+            .unwrap()
+        else {
+            panic!("an allow-list");
+        };
+        assert_eq!(l.len(), 4);
+        assert_eq!(
+            (l[0].net.to_string(), l[0].port),
+            ("10.0.0.0/8".into(), Some(443))
+        );
+        assert_eq!(
+            (l[1].net.to_string(), l[1].port),
+            ("192.168.1.5/32".into(), None)
+        );
+        assert_eq!(
+            (l[2].net.to_string(), l[2].port),
+            ("fd00::/64".into(), Some(53))
+        );
+        assert_eq!(
+            (l[3].net.to_string(), l[3].port),
+            ("fd00::1/128".into(), None)
+        );
+        for bad in [
+            "closed",
+            "10.0.0.0/33",
+            "10.0.0.1:0",
+            "10.0.0.1:99999",
+            "[fd00::1",
+            "example.com:443",
+        ] {
+            assert!(bad.parse::<Egress>().is_err(), "{bad}");
+        }
+        let many = vec!["10.0.0.1"; MAX_ALLOW + 1].join(",");
+        assert!(many.parse::<Egress>().is_err());
+    }
+
+    #[test]
+    fn every_mode_drops_metadata_and_only_open_lets_new_connections_out() {
+        for mode in [
+            Egress::Open,
+            Egress::Deny,
+            "10.1.0.0/16:80".parse().unwrap(),
+        ] {
+            let r = mode.ruleset("burrow0", "eth0");
+            assert!(r.contains("hook ingress device \"burrow0\""), "{r}");
+            assert!(r.contains("ip daddr 169.254.0.0/16 counter drop"), "{r}");
+            assert!(r.contains("ip6 daddr fd00:ec2::254 counter drop"), "{r}");
+            assert!(r.trim_end().ends_with("fwd to \"eth0\"\n  }\n}"), "{r}");
+            assert_eq!(r.contains("syn | ack) == syn"), mode != Egress::Open, "{r}");
+        }
+        let r = "10.1.0.0/16:80"
+            .parse::<Egress>()
+            .unwrap()
+            .ruleset("t", "e");
+        let allow = r.find("ip daddr 10.1.0.0/16 tcp dport 80 fwd").unwrap();
+        let deny = r.find("syn | ack").unwrap();
+        assert!(
+            allow < deny,
+            "allowed destinations come before the drops: {r}"
+        );
+    }
+}

@@ -1,0 +1,511 @@
+//! The sandbox's network: when the container's spec names a network
+//! namespace (CRI pods, `ctr run --with-ns network:PATH`), the VM gets a
+//! NIC that carries that namespace's traffic.
+//!
+//! Inside the namespace (a thread of ours that `setns`es into it, so
+//! neither the shim nor the VMM moves there) we open a tap, `burrow0`,
+//! with virtio-net headers, and connect it to the namespace's CNI
+//! interface (`eth0`, or the only other interface there) much as Kata's
+//! `tcfilter` model does: towards the guest, an ingress qdisc on eth0 with
+//! a u32 match-all filter whose action is `mirred egress redirect` to the
+//! tap; from the guest, an nftables `netdev` chain on the tap's ingress
+//! that applies the egress policy and forwards the rest to eth0
+//! ([`super::egress`]; tc's redirect would bypass netfilter). No bridge,
+//! no MAC learning, any CNI plugin works. The guest's NIC takes the CNI
+//! interface's MAC (the neighbours' ARP caches stay right) and the agent
+//! gives it the interface's MTU, addresses and routes ([`GuestNet`]).
+//!
+//! The tap's file descriptor stays open in the shim for the sandbox's
+//! life and is passed to every burrow-vmm it starts (`--net fd=N`), so the
+//! tap and its filters outlive a VMM restart (hibernate and wake). Closing
+//! it removes the tap and its qdisc; [`SandboxNet::teardown`] also removes
+//! the one on the CNI interface.
+//!
+//! Links, addresses, routes and tc go over rtnetlink (the `rtnetlink`
+//! crate has ingress qdiscs and the mirred redirect filter); the nftables
+//! table is loaded with `nft -f -` (nftables on the node).
+
+use std::fs::File;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use burrow_protocol::net::{Cidr, GuestNet, Route};
+use burrow_vmm_api::{Mac, NetArg, TapSource};
+use futures::TryStreamExt;
+use rtnetlink::packet_route::address::{AddressAttribute, AddressScope};
+use rtnetlink::packet_route::link::{LinkAttribute, LinkMessage};
+use rtnetlink::packet_route::route::{
+    RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol,
+};
+use rtnetlink::packet_route::tc::TcHandle;
+use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
+use serde_json::Value;
+
+use super::egress::{self, Egress};
+use crate::sandbox::{Result, SandboxError};
+
+/// The tap's name inside the sandbox's namespace.
+pub const TAP_NAME: &str = "burrow0";
+/// ETH_P_ALL in network byte order, as tc wants a filter's protocol.
+const PROTOCOL_ALL: u16 = (libc::ETH_P_ALL as u16).to_be();
+
+/// The network namespace the spec puts the container in, if it names one
+/// by path (a spec asking for a new, unnamed namespace gets none: the
+/// guest has loopback only, as before).
+pub fn netns_path(spec: &Value) -> Option<PathBuf> {
+    spec.get("linux")?
+        .get("namespaces")?
+        .as_array()?
+        .iter()
+        .find(|ns| ns.get("type").and_then(Value::as_str) == Some("network"))?
+        .get("path")?
+        .as_str()
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+}
+
+/// A sandbox's NIC, set up in its namespace.
+pub struct SandboxNet {
+    netns: PathBuf,
+    tap: OwnedFd,
+    /// The CNI interface the tap is joined to.
+    cni_if: String,
+    egress: Egress,
+    pub guest: GuestNet,
+}
+
+impl std::fmt::Debug for SandboxNet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} <-> {TAP_NAME} in {} (egress {:?}): {}",
+            self.cni_if,
+            self.netns.display(),
+            self.egress,
+            self.guest
+        )
+    }
+}
+
+fn net_err(what: &str, e: impl std::fmt::Display) -> SandboxError {
+    SandboxError::FailedPrecondition(format!("sandbox network: {what}: {e}"))
+}
+
+impl SandboxNet {
+    /// Create the tap in `netns`, join it to the CNI interface and read
+    /// what the guest's NIC needs.
+    pub async fn setup(netns: &Path, egress: Egress) -> Result<Self> {
+        let path = netns.to_path_buf();
+        let rules = egress.clone();
+        let (tap, cni_if, guest) = in_netns(netns, move |h| {
+            Box::pin(async move {
+                let cni = cni_interface(&h).await?;
+                let guest = read_config(&h, &cni).await?;
+                let tap = open_tap(TAP_NAME)?;
+                let joined = async {
+                    join(&h, &cni, guest.mtu).await?;
+                    egress::nft(&rules.ruleset(TAP_NAME, &name_of(&cni)))
+                };
+                if let Err(e) = joined.await {
+                    let _ = unjoin(&h, cni.header.index).await;
+                    return Err(e);
+                }
+                Ok((tap, name_of(&cni), guest))
+            })
+        })
+        .await?;
+        let net = Self {
+            netns: path,
+            tap,
+            cni_if,
+            egress,
+            guest,
+        };
+        tracing::info!("sandbox network: {net:?}");
+        Ok(net)
+    }
+
+    /// The VMM's `--net`: the tap's descriptor (inherited) and the MAC.
+    pub fn net_arg(&self) -> NetArg {
+        NetArg {
+            tap: TapSource::Fd(self.tap.as_raw_fd()),
+            mac: Mac(self.guest.mac),
+        }
+    }
+
+    /// The guest kernel command-line word the agent configures the NIC from.
+    pub fn cmdline(&self) -> String {
+        format!("{}={}", burrow_protocol::net::CMDLINE_KEY, self.guest)
+    }
+
+    /// Remove the filter on the CNI interface and close the tap (which
+    /// takes its own qdisc with it). The namespace may already be gone.
+    pub async fn teardown(self) {
+        let cni_if = self.cni_if.clone();
+        let r = in_netns(&self.netns, move |h| {
+            Box::pin(async move {
+                let _ = egress::teardown();
+                if let Some(link) = link_by_name(&h, &cni_if).await? {
+                    unjoin(&h, link.header.index).await?;
+                }
+                Ok(())
+            })
+        })
+        .await;
+        if let Err(e) = r {
+            tracing::debug!("sandbox network teardown: {e}");
+        }
+        drop(self.tap);
+    }
+}
+
+type NsFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<T>>>>;
+
+/// Run `f` with an rtnetlink handle inside network namespace `netns`, on
+/// a thread of its own that ends afterwards (a thread that has `setns`ed
+/// must not go back to a pool).
+async fn in_netns<T, F>(netns: &Path, f: F) -> Result<T>
+where
+    T: Send + 'static,
+    F: FnOnce(Handle) -> NsFuture<T> + Send + 'static,
+{
+    let netns = netns.to_path_buf();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("burrow-netns".into())
+        .spawn(move || {
+            let r = (|| {
+                let ns = File::open(&netns)
+                    .map_err(|e| net_err(&format!("opening {}", netns.display()), e))?;
+                // SAFETY: setns on this thread only, with an open nsfs fd.
+                if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } < 0 {
+                    return Err(net_err("setns", std::io::Error::last_os_error()));
+                }
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| net_err("runtime", e))?;
+                rt.block_on(async move {
+                    let (conn, handle, _) =
+                        rtnetlink::new_connection().map_err(|e| net_err("netlink socket", e))?;
+                    let task = tokio::spawn(conn);
+                    let r = f(handle).await;
+                    task.abort();
+                    r
+                })
+            })();
+            let _ = tx.send(r);
+        })
+        .map_err(|e| net_err("thread", e))?;
+    rx.await
+        .map_err(|_| SandboxError::Internal("the network namespace thread died".into()))?
+}
+
+fn name_of(link: &LinkMessage) -> String {
+    link.attributes
+        .iter()
+        .find_map(|a| match a {
+            LinkAttribute::IfName(n) => Some(n.clone()),
+            _ => None,
+        })
+        .unwrap_or_default()
+}
+
+async fn links(h: &Handle) -> Result<Vec<LinkMessage>> {
+    h.link()
+        .get()
+        .execute()
+        .try_collect()
+        .await
+        .map_err(|e| net_err("listing links", e))
+}
+
+async fn link_by_name(h: &Handle, name: &str) -> Result<Option<LinkMessage>> {
+    Ok(links(h).await?.into_iter().find(|l| name_of(l) == name))
+}
+
+/// `eth0`, or else the one interface that is neither loopback nor ours.
+async fn cni_interface(h: &Handle) -> Result<LinkMessage> {
+    let all = links(h).await?;
+    let candidates: Vec<LinkMessage> = all
+        .into_iter()
+        .filter(|l| !matches!(name_of(l).as_str(), "lo" | TAP_NAME))
+        .collect();
+    if let Some(eth0) = candidates.iter().find(|l| name_of(l) == "eth0") {
+        return Ok(eth0.clone());
+    }
+    match <[LinkMessage; 1]>::try_from(candidates) {
+        Ok([one]) => Ok(one),
+        Err(v) => Err(net_err(
+            "the namespace has no eth0",
+            format!("{} other interfaces to choose from", v.len()),
+        )),
+    }
+}
+
+/// MAC, MTU, global addresses and main-table routes of `link`.
+async fn read_config(h: &Handle, link: &LinkMessage) -> Result<GuestNet> {
+    let index = link.header.index;
+    let mut net = GuestNet::default();
+    for a in &link.attributes {
+        match a {
+            LinkAttribute::Address(m) => {
+                net.mac = m
+                    .as_slice()
+                    .try_into()
+                    .map_err(|_| net_err("MAC", format!("{m:02x?}")))?;
+            }
+            LinkAttribute::Mtu(m) => net.mtu = *m,
+            _ => {}
+        }
+    }
+    let addrs: Vec<_> = h
+        .address()
+        .get()
+        .set_link_index_filter(index)
+        .execute()
+        .try_collect()
+        .await
+        .map_err(|e| net_err("listing addresses", e))?;
+    for a in addrs {
+        if a.header.index != index || a.header.scope != AddressScope::Universe {
+            continue;
+        }
+        let ip = a.attributes.iter().find_map(|x| match x {
+            AddressAttribute::Address(ip) => Some(*ip),
+            _ => None,
+        });
+        if let Some(ip) = ip {
+            if net.addrs.len() < burrow_protocol::net::MAX_ADDRS {
+                net.addrs
+                    .push(Cidr::new(ip, a.header.prefix_len).map_err(|e| net_err("address", e))?);
+            }
+        }
+    }
+    let mut routes: Vec<RouteMessage> = Vec::new();
+    for query in [
+        RouteMessageBuilder::<Ipv4Addr>::new().build(),
+        RouteMessageBuilder::<Ipv6Addr>::new().build(),
+    ] {
+        let got: Vec<RouteMessage> = h
+            .route()
+            .get(query)
+            .execute()
+            .try_collect()
+            .await
+            .map_err(|e| net_err("listing routes", e))?;
+        routes.extend(got);
+    }
+    for r in routes {
+        if let Some(route) = guest_route(&r, index) {
+            if net.routes.len() < burrow_protocol::net::MAX_ROUTES {
+                net.routes.push(route);
+            }
+        }
+    }
+    if net.mac == [0; 6] || net.mtu == 0 {
+        return Err(net_err("CNI interface", "no MAC or MTU"));
+    }
+    Ok(net)
+}
+
+fn ip_of(a: &RouteAddress) -> Option<IpAddr> {
+    match a {
+        RouteAddress::Inet(ip) => Some(IpAddr::V4(*ip)),
+        RouteAddress::Inet6(ip) => Some(IpAddr::V6(*ip)),
+        _ => None,
+    }
+}
+
+/// A main-table route out of the interface `index` that the guest needs:
+/// one through a gateway, or an on-link one the kernel did not add for an
+/// address by itself.
+fn guest_route(r: &RouteMessage, index: u32) -> Option<Route> {
+    if r.header.table != RouteHeader::RT_TABLE_MAIN {
+        return None;
+    }
+    let mut oif = None;
+    let mut dst = None;
+    let mut gateway = None;
+    for a in &r.attributes {
+        match a {
+            RouteAttribute::Oif(i) => oif = Some(*i),
+            RouteAttribute::Destination(d) => dst = ip_of(d),
+            RouteAttribute::Gateway(g) => gateway = ip_of(g),
+            _ => {}
+        }
+    }
+    if oif != Some(index) {
+        return None;
+    }
+    let v6 = r.header.address_family == rtnetlink::packet_route::AddressFamily::Inet6;
+    let dst = dst.unwrap_or(if v6 {
+        IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+    } else {
+        IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+    });
+    if gateway.is_none() && (r.header.protocol == RouteProtocol::Kernel || dst.is_multicast()) {
+        return None;
+    }
+    if let IpAddr::V6(d) = dst {
+        if d.segments()[0] & 0xffc0 == 0xfe80 {
+            return None;
+        }
+    }
+    Some(Route {
+        dst: Cidr::new(dst, r.header.destination_prefix_length).ok()?,
+        gateway,
+    })
+}
+
+/// Open (create) tap `name` with virtio-net headers in this thread's
+/// namespace. It lives as long as a descriptor of it is open.
+fn open_tap(name: &str) -> Result<OwnedFd> {
+    #[repr(C)]
+    struct IfReq {
+        name: [u8; libc::IFNAMSIZ],
+        flags: libc::c_short,
+        _pad: [u8; 22],
+    }
+    let path = c"/dev/net/tun";
+    // SAFETY: open(2) of a constant path; the fd is owned right away.
+    let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(net_err(
+            "opening /dev/net/tun",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    // SAFETY: just opened.
+    let tap = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut req = IfReq {
+        name: [0; libc::IFNAMSIZ],
+        flags: 0,
+        _pad: [0; 22],
+    };
+    for (d, s) in req
+        .name
+        .iter_mut()
+        .zip(name.bytes().take(libc::IFNAMSIZ - 1))
+    {
+        *d = s;
+    }
+    req.flags = (libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR) as libc::c_short;
+    // SAFETY: TUNSETIFF reads and writes an ifreq, which `req` is laid out as.
+    if unsafe { libc::ioctl(tap.as_raw_fd(), libc::TUNSETIFF, &mut req) } < 0 {
+        return Err(net_err("creating the tap", std::io::Error::last_os_error()));
+    }
+    Ok(tap)
+}
+
+/// Bring the tap up with the CNI interface's MTU and redirect what
+/// arrives on the CNI interface to the tap (the other way is nftables').
+async fn join(h: &Handle, cni: &LinkMessage, mtu: u32) -> Result<()> {
+    let tap = link_by_name(h, TAP_NAME)
+        .await?
+        .ok_or_else(|| net_err("the tap", "vanished"))?;
+    let (cni_ix, tap_ix) = (cni.header.index, tap.header.index);
+    h.link()
+        .set(LinkUnspec::new_with_index(tap_ix).mtu(mtu).up().build())
+        .execute()
+        .await
+        .map_err(|e| net_err("tap up", e))?;
+    let cni_i = i32::try_from(cni_ix).map_err(|e| net_err("ifindex", e))?;
+    h.qdisc()
+        .add(cni_i)
+        .ingress()
+        .execute()
+        .await
+        .map_err(|e| net_err(&format!("ingress qdisc on link {cni_ix}"), e))?;
+    h.traffic_filter(cni_i)
+        .add()
+        .parent(u32::from(TcHandle::INGRESS) & 0xffff_0000)
+        .protocol(PROTOCOL_ALL)
+        .redirect(tap_ix)
+        .map_err(|e| net_err("redirect filter", e))?
+        .execute()
+        .await
+        .map_err(|e| net_err(&format!("redirect filter {cni_ix} -> {tap_ix}"), e))?;
+    Ok(())
+}
+
+/// Remove the ingress qdisc (and with it the redirect) from link `index`.
+async fn unjoin(h: &Handle, index: u32) -> Result<()> {
+    let index = i32::try_from(index).map_err(|e| net_err("ifindex", e))?;
+    let mut del = h.qdisc().del(index);
+    let m = del.message_mut();
+    m.header.parent = TcHandle::INGRESS;
+    m.header.handle = TcHandle {
+        major: 0xffff,
+        minor: 0,
+    };
+    del.execute()
+        .await
+        .map_err(|e| net_err("removing the ingress qdisc", e))
+}
+
+impl super::VmSandbox {
+    /// Give the VM `args` start a NIC in the network namespace `spec`
+    /// names (set up once per sandbox; a restart of the VMM reuses it).
+    /// Without one, `args` are unchanged: loopback only.
+    pub(super) async fn with_network(
+        &self,
+        spec: &Value,
+        mut args: super::vmm::VmmLaunch,
+    ) -> Result<super::vmm::VmmLaunch> {
+        let Some(netns) = netns_path(spec) else {
+            return Ok(args);
+        };
+        let mut slot = self.net.lock().await;
+        let net = match slot.take() {
+            Some(n) => n,
+            None => SandboxNet::setup(&netns, Egress::from_spec(spec)?).await?,
+        };
+        args.args.net = Some(net.net_arg());
+        if args.args.restore.is_none() {
+            args.args.append.push(net.cmdline());
+        }
+        *slot = Some(net);
+        Ok(args)
+    }
+
+    /// Undo [`Self::with_network`] (the sandbox is going away).
+    pub(super) async fn drop_network(&self) {
+        if let Some(net) = self.net.lock().await.take() {
+            net.teardown().await;
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn netns_path_is_the_network_namespace_path() {
+        let spec: Value = serde_json::json!({"linux": {"namespaces": [
+            {"type": "pid"},
+            {"type": "network", "path": "/var/run/netns/cni-1"},
+        ]}});
+        assert_eq!(
+            netns_path(&spec),
+            Some(PathBuf::from("/var/run/netns/cni-1"))
+        );
+        let fresh: Value = serde_json::json!({"linux": {"namespaces": [{"type": "network"}]}});
+        assert_eq!(
+            netns_path(&fresh),
+            None,
+            "a new unnamed namespace: loopback only"
+        );
+        assert_eq!(netns_path(&serde_json::json!({})), None);
+    }
+
+    #[test]
+    fn ingress_parent_and_protocol_are_what_tc_sends() {
+        // `tc filter add dev X parent ffff: protocol all`.
+        assert_eq!(u32::from(TcHandle::INGRESS) & 0xffff_0000, 0xffff_0000);
+        assert_eq!(PROTOCOL_ALL, 0x0300);
+    }
+}

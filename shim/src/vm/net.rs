@@ -508,4 +508,70 @@ mod tests {
         assert_eq!(u32::from(TcHandle::INGRESS) & 0xffff_0000, 0xffff_0000);
         assert_eq!(PROTOCOL_ALL, 0x0300);
     }
+
+    fn route(
+        v6: bool,
+        proto: RouteProtocol,
+        oif: u32,
+        dst: Option<(IpAddr, u8)>,
+        gw: Option<IpAddr>,
+    ) -> RouteMessage {
+        let mut r = if v6 {
+            RouteMessageBuilder::<Ipv6Addr>::new().build()
+        } else {
+            RouteMessageBuilder::<Ipv4Addr>::new().build()
+        };
+        r.header.table = RouteHeader::RT_TABLE_MAIN;
+        r.header.protocol = proto;
+        r.attributes.push(RouteAttribute::Oif(oif));
+        if let Some((d, p)) = dst {
+            r.header.destination_prefix_length = p;
+            r.attributes.push(RouteAttribute::Destination(d.into()));
+        }
+        if let Some(g) = gw {
+            r.attributes.push(RouteAttribute::Gateway(g.into()));
+        }
+        r
+    }
+
+    #[test]
+    fn the_guest_gets_gateway_and_added_routes_of_the_cni_interface_only() {
+        let gw: IpAddr = "10.88.0.1".parse().unwrap();
+        let default =
+            guest_route(&route(false, RouteProtocol::Boot, 2, None, Some(gw)), 2).unwrap();
+        assert_eq!(
+            default.to_owned(),
+            Route {
+                dst: "0.0.0.0/0".parse().unwrap(),
+                gateway: Some(gw)
+            }
+        );
+        // A CNI-added on-link route is kept; the kernel's prefix route for
+        // an address is not (the guest's kernel adds its own).
+        let subnet = Some(("10.89.0.0".parse().unwrap(), 16));
+        let on_link =
+            guest_route(&route(false, RouteProtocol::Static, 2, subnet, None), 2).unwrap();
+        assert_eq!(on_link.gateway, None);
+        assert_eq!(on_link.dst.to_string(), "10.89.0.0/16");
+        assert_eq!(
+            guest_route(&route(false, RouteProtocol::Kernel, 2, subnet, None), 2),
+            None
+        );
+        // Another interface's routes, other tables and IPv6 link-local stay.
+        assert_eq!(
+            guest_route(&route(false, RouteProtocol::Boot, 3, None, Some(gw)), 2),
+            None
+        );
+        let mut local = route(false, RouteProtocol::Boot, 2, None, Some(gw));
+        local.header.table = 255;
+        assert_eq!(guest_route(&local, 2), None);
+        let ll = Some(("fe80::".parse().unwrap(), 64));
+        assert_eq!(
+            guest_route(&route(true, RouteProtocol::Boot, 2, ll, None), 2),
+            None
+        );
+        let v6gw: IpAddr = "fd00::1".parse().unwrap();
+        let v6 = guest_route(&route(true, RouteProtocol::Boot, 2, None, Some(v6gw)), 2).unwrap();
+        assert_eq!(v6.dst.to_string(), "::/0");
+    }
 }

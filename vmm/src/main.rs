@@ -14,6 +14,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use burrow_vmm::api::failure_kind;
 use burrow_vmm::config::{SerialOutput, VsockConfig};
+use burrow_vmm::jail::{self, seccomp};
 use burrow_vmm::snapshot::microvm;
 use burrow_vmm::vmm::{check_restore, RestoreConfig};
 use burrow_vmm::{VmConfig, Vmm};
@@ -39,9 +40,6 @@ fn main() -> ExitCode {
     let cli = Cli::from_env();
     if let VmmCommand::Run(args) = &cli {
         burrow_vmm::capped::CappedLog::set_max(args.log_max);
-        if args.exit_with_parent {
-            exit_with_parent();
-        }
     }
     match cli {
         VmmCommand::Probe => match burrow_vmm::probe::run_tiny_guest() {
@@ -61,17 +59,25 @@ fn main() -> ExitCode {
 /// Watch the parent: once it is gone (this process was handed to another),
 /// end at once. Polled, not PR_SET_PDEATHSIG: that fires when the parent's
 /// *thread* that spawned us exits, and the shim spawns from tokio threads.
-fn exit_with_parent() {
-    // SAFETY: getppid has no preconditions.
-    let parent = unsafe { libc::getppid() };
-    let _ = std::thread::Builder::new().name("parent-watch".into()).spawn(move || loop {
+fn exit_with_parent(parent: libc::pid_t) {
+    let _ = std::thread::Builder::new().name("parent-watch".into()).spawn(move || {
+        if let Err(e) = seccomp::apply(seccomp::Thread::ParentWatch) {
+            eprintln!("burrow-vmm: {e}");
+            std::process::exit(1);
+        }
+        watch_parent(parent)
+    });
+}
+
+fn watch_parent(parent: libc::pid_t) {
+    loop {
         std::thread::sleep(std::time::Duration::from_millis(200));
-        // SAFETY: as above.
+        // SAFETY: getppid has no preconditions.
         if unsafe { libc::getppid() } != parent {
             eprintln!("burrow-vmm: the process that started it (pid {parent}) exited; stopping the VM");
             std::process::exit(1);
         }
-    });
+    }
 }
 
 fn bind_api(args: &RunArgs) -> anyhow::Result<Option<UnixListener>> {
@@ -152,8 +158,56 @@ fn build(args: &RunArgs) -> anyhow::Result<(Vmm, Option<UnixListener>)> {
     Ok((vmm, api))
 }
 
+/// Confine the process once its VM is built: the cgroup and OOM score,
+/// the jail, then the VMM thread's seccomp filter (the threads it starts
+/// add theirs). See [`burrow_vmm::jail`].
+fn confine(args: &RunArgs, parent: libc::pid_t) -> anyhow::Result<()> {
+    let j = &args.jail;
+    jail::place(j.cgroup.as_deref(), j.oom_score_adj)?;
+    if j.jail {
+        let mut dirs = Vec::new();
+        let mut own_files = Vec::new();
+        for p in [&args.api, &args.vsock, &args.serial_log].into_iter().flatten() {
+            if let Some(d) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
+                dirs.push(d.to_path_buf());
+            }
+        }
+        if let Some(log) = &args.serial_log {
+            own_files.push(log.clone());
+            own_files.push(burrow_vmm::capped::rotated(log));
+        }
+        own_files.extend(args.api.clone());
+        jail::enter(&jail::Jail {
+            uid: j.jail_uid,
+            gid: j.jail_gid,
+            dirs,
+            own_files,
+        })?;
+    }
+    seccomp::prepare(!j.no_seccomp)?;
+    if args.exit_with_parent {
+        // SAFETY: getppid has no preconditions.
+        if unsafe { libc::getppid() } != parent {
+            anyhow::bail!("the process that started it (pid {parent}) exited while the VM was built");
+        }
+        exit_with_parent(parent);
+    }
+    seccomp::apply(seccomp::Thread::Vmm)?;
+    if j.test_forbidden_syscall {
+        seccomp::forbidden_syscall();
+        eprintln!("burrow-vmm: the forbidden syscall was allowed");
+    }
+    Ok(())
+}
+
 fn run(args: RunArgs) -> ExitCode {
-    let (vmm, api) = match build(&args) {
+    // SAFETY: getppid has no preconditions.
+    let parent = unsafe { libc::getppid() };
+    let built = build(&args).and_then(|(vmm, api)| {
+        confine(&args, parent).context("confining the VMM")?;
+        Ok((vmm, api))
+    });
+    let (vmm, api) = match built {
         Ok(v) => v,
         Err(e) => {
             eprintln!("burrow-vmm: {}", error_chain(&e));

@@ -7,12 +7,14 @@
 //! |---|---|
 //! | [`args`] | `burrow-vmm`'s command line ([`VmmArgs`]) and the base guest kernel command line |
 //! | [`messages`] | the VMM control API: [`Command`] in, [`Response`] and [`Event`] lines out |
+//! | [`jail`] | the VMM's confinement flags ([`jail::JailArgs`]) |
 //! | [`error`] | [`ApiError`]: an [`ErrorKind`] and a message, as carried over the wire |
 //! | [`layout`] | file names and limits of snapshot and checkpoint directories |
 //! | [`sandbox_control`] | the shim's control socket that `burrow sandbox` talks to |
 
 pub mod args;
 pub mod error;
+pub mod jail;
 pub mod layout;
 pub mod messages;
 pub mod sandbox_control;

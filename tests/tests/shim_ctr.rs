@@ -126,6 +126,8 @@ fn ctr_task_exec_ps_pause_resume_kill_delete() {
     assert_eq!((e.code, e.stdout.trim()), (Some(0), "after resume"), "{e:?}\n{}", c.diagnostics());
     // The rootfs image, console, logs and sockets are the host root's only.
     c.assert_private();
+    // The VMM containerd's shim started runs in its jail.
+    c.assert_jailed();
 
     assert_eq!(c.ctr(&["task", "kill", "-s", "SIGKILL", "t-task"]).code, Some(0));
     c.wait_status("t-task", "STOPPED", LONG);

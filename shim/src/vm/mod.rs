@@ -20,6 +20,7 @@ pub mod agent;
 pub mod checkpoint;
 pub mod hibernate;
 pub mod intake;
+pub mod jail;
 pub mod launch;
 pub mod lifecycle;
 pub mod named;
@@ -215,6 +216,7 @@ impl VmSandbox {
         (path, read_only): (PathBuf, bool),
         (vcpus, memory_mib): (u32, u64),
         restore: Option<PathBuf>,
+        spec: &serde_json::Value,
     ) -> Result<VmmLaunch> {
         let start = match restore {
             Some(dir) => VmmArgs::restore(dir),
@@ -238,6 +240,7 @@ impl VmSandbox {
                 api: Some(self.path("api.sock")),
                 serial_log: Some(self.path("console.log")),
                 exit_with_parent: true,
+                jail: jail::args(cfg, spec),
                 ..start
             },
             vcpus,
@@ -268,6 +271,7 @@ impl VmSandbox {
     async fn create_inner(&self, cfg: &Config, c: &ContainerConfig) -> Result<u32> {
         std::fs::create_dir_all(&self.dir)
             .map_err(|e| SandboxError::Internal(format!("creating {}: {e}", self.dir.display())))?;
+        jail::share_state_dir(cfg, &self.dir)?;
         self.check_socket_paths()?;
         if !cfg.kernel.is_file() {
             return Err(SandboxError::FailedPrecondition(format!(
@@ -324,6 +328,7 @@ impl VmSandbox {
             (rootfs.disk.clone(), rootfs.read_only),
             (size.vcpus, size.memory_mib),
             None,
+            &c.spec,
         )?;
         tracing::info!(
             "booting VM: {} vCPUs, {} MiB, {}",
@@ -352,6 +357,7 @@ impl VmSandbox {
         self.check_socket_paths()?;
         std::fs::create_dir_all(&self.dir)
             .map_err(|e| SandboxError::Internal(format!("creating {}: {e}", self.dir.display())))?;
+        jail::share_state_dir(cfg, &self.dir)?;
         let img = self.path(&format!("{}.rootfs.img", c.id));
         self.registry().insert(
             c.id.clone(),
@@ -373,6 +379,7 @@ impl VmSandbox {
             (img, manifest.rootfs_read_only),
             (manifest.vcpus, manifest.memory_mib),
             Some(vm_dir),
+            &c.spec,
         )?;
         tracing::info!(
             "{}: restoring container {} from {}: {}",

@@ -9,7 +9,11 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use std::fs::File;
+
+use burrow_vmm_api::layout;
 use burrow_vmm_api::messages::Answer;
+use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 use burrow_vmm_api::{ApiError, Command, ErrorKind, Line, Request, Response, SnapshotInfo};
 pub use burrow_vmm_api::{DiskArg, VmmArgs};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -197,11 +201,9 @@ impl Vmm {
     /// Pause and write a snapshot to `dir` (incremental: only the pages
     /// written since the last one); the VM stays paused.
     pub async fn snapshot(&self, dir: &Path, incremental: bool) -> Result<SnapshotInfo> {
-        let cmd = Command::Snapshot {
-            dir: dir.to_path_buf(),
-            incremental,
-        };
-        self.command(cmd, SNAPSHOT_TIMEOUT)
+        let (dir, files) = snapshot_files(dir)?;
+        let cmd = Command::Snapshot { dir, incremental };
+        self.command_with(cmd, &files, SNAPSHOT_TIMEOUT)
             .await?
             .snapshot
             .ok_or_else(|| {
@@ -211,11 +213,16 @@ impl Vmm {
 
     /// Send one command and wait (at most `timeout`) for its answer.
     pub async fn command(&self, cmd: Command, timeout: Duration) -> Result<Answer> {
+        self.command_with(cmd, &[], timeout).await
+    }
+
+    /// [`Self::command`], passing `files` with it.
+    async fn command_with(&self, cmd: Command, files: &[File], timeout: Duration) -> Result<Answer> {
         if let Some(r) = self.exit_reason() {
             return Err(SandboxError::Unavailable(r));
         }
         let what = format!("{cmd:?}");
-        tokio::time::timeout(timeout, command_at(&self.api, cmd))
+        tokio::time::timeout(timeout, command_at_with(&self.api, cmd, files))
             .await
             .map_err(|_| {
                 SandboxError::Timeout(format!(
@@ -241,17 +248,59 @@ impl Vmm {
     }
 }
 
+/// Make `dir` (0700) and in it the two empty files a snapshot is written
+/// into (memory, state; 0600, new). They are passed to the VMM, which in
+/// its jail sees no snapshot directory. Returns `dir` made absolute.
+fn snapshot_files(dir: &Path) -> Result<(PathBuf, [File; 2])> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let fail = |what: &Path, e: std::io::Error| SandboxError::io(format_args!("creating {}", what.display()), &e);
+    std::fs::create_dir_all(dir).map_err(|e| fail(dir, e))?;
+    let dir = dir.canonicalize().map_err(|e| fail(dir, e))?;
+    let new = |name: &str| {
+        let p = dir.join(name);
+        File::options()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&p)
+            .map_err(|e| fail(&p, e))
+    };
+    let files = [new(layout::MEMORY_FILE)?, new(layout::STATE_FILE)?];
+    Ok((dir, files))
+}
+
 /// Send `cmd` to the API socket at `api` and read its response.
 pub async fn command_at(api: &Path, cmd: Command) -> Result<Answer> {
+    command_at_with(api, cmd, &[]).await
+}
+
+/// [`command_at`], passing `files` with the request (`SCM_RIGHTS`).
+async fn command_at_with(api: &Path, cmd: Command, files: &[File]) -> Result<Answer> {
     let name = format!("{cmd:?}");
     let io = |e: std::io::Error| {
         SandboxError::Unavailable(format!("burrow-vmm API {}: {e}", api.display()))
     };
     let stream = UnixStream::connect(api).await.map_err(io)?;
-    let (r, mut w) = stream.into_split();
-    w.write_all(&burrow_vmm_api::to_line(&Request::from(cmd)))
-        .await
-        .map_err(io)?;
+    let line = burrow_vmm_api::to_line(&Request::from(cmd));
+    let stream = if files.is_empty() {
+        let mut stream = stream;
+        stream.write_all(&line).await.map_err(io)?;
+        stream
+    } else {
+        // One small message on a fresh connection: sendmsg takes it whole.
+        let std = stream.into_std().map_err(io)?;
+        let fds: Vec<_> = files.iter().map(std::os::fd::AsRawFd::as_raw_fd).collect();
+        let sent = std
+            .send_with_fds(&[line.as_slice()], &fds)
+            .map_err(|e| io(std::io::Error::from_raw_os_error(e.errno())))?;
+        if sent != line.len() {
+            return Err(SandboxError::Internal(format!("burrow-vmm API took {sent} of {} bytes", line.len())));
+        }
+        UnixStream::from_std(std).map_err(io)?
+    };
+    let (r, _w) = stream.into_split();
     let mut reader =
         BufReader::new(r).take(u64::try_from(MAX_LINE * (MAX_SKIPPED + 1)).unwrap_or(u64::MAX));
     for _ in 0..=MAX_SKIPPED {

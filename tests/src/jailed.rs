@@ -31,16 +31,18 @@ pub fn is_jail_state_dir(meta: &std::fs::Metadata) -> bool {
         && meta.gid() == JAIL_ID
 }
 
-/// The pids in the `vmm.pid` files under `dir`.
-fn vmm_pids(dir: &Path) -> Vec<String> {
+/// The pids in the `vmm.pid` files under `dir`, with their sandbox ids.
+fn vmm_pids(dir: &Path) -> Vec<(String, String)> {
     let mut pids = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(p) = stack.pop() {
         if p.file_name().is_some_and(|n| n == "vmm.pid") {
+            let id = p.parent().and_then(Path::file_name).unwrap_or_default();
+            let id = id.to_string_lossy().into_owned();
             pids.extend(
                 std::fs::read_to_string(&p)
                     .ok()
-                    .map(|s| s.trim().to_string()),
+                    .map(|s| (s.trim().to_string(), id)),
             );
         } else if p.is_dir() {
             stack.extend(
@@ -58,7 +60,8 @@ fn vmm_pids(dir: &Path) -> Vec<String> {
 impl Containerd {
     /// Every running burrow-vmm of this containerd runs jailed: the jail's
     /// uid, no capabilities, no_new_privs, seccomp filters, its own mount,
-    /// network and IPC namespaces. Fails when no VMM was found.
+    /// network and IPC namespaces, in the sandbox's cgroup (the spec's
+    /// `/<namespace>/<id>` under ctr). Fails when no VMM was found.
     pub fn assert_jailed(&self) {
         let pids = vmm_pids(&self.burrow_state());
         assert!(
@@ -67,11 +70,11 @@ impl Containerd {
             self.burrow_state().display()
         );
         let me = std::process::id().to_string();
-        for pid in pids {
+        for (pid, id) in pids {
             let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
                 .unwrap_or_else(|e| panic!("burrow-vmm {pid} is not running: {e}"));
-            let id = JAIL_ID.to_string();
-            let ids = [id.as_str(); 4].join("\t");
+            let jail_id = JAIL_ID.to_string();
+            let ids = [jail_id.as_str(); 4].join("\t");
             assert_eq!(field(&status, "Uid"), ids, "VMM {pid}'s uid:\n{status}");
             assert_eq!(field(&status, "Gid"), ids, "VMM {pid}'s gid");
             for cap in ["CapPrm", "CapEff", "CapBnd", "CapAmb"] {
@@ -79,6 +82,13 @@ impl Containerd {
             }
             assert_eq!(field(&status, "NoNewPrivs"), "1", "VMM {pid}");
             assert_eq!(field(&status, "Seccomp"), "2", "VMM {pid} is filtered");
+            let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+            assert!(
+                cgroup
+                    .lines()
+                    .any(|l| l.starts_with("0::/") && l.ends_with(&format!("/{id}"))),
+                "VMM {pid} is in sandbox {id}'s cgroup: {cgroup}"
+            );
             for kind in ["mnt", "net", "ipc"] {
                 let theirs = ns(&pid, kind);
                 assert!(

@@ -96,6 +96,7 @@ pub fn cleanup_state(dir: &Path) {
             }
         }
     }
+    jail::remove_cgroup(dir);
     if let Err(e) = std::fs::remove_dir_all(dir) {
         if e.kind() != std::io::ErrorKind::NotFound {
             tracing::warn!("removing {}: {e}", dir.display());
@@ -240,7 +241,7 @@ impl VmSandbox {
                 api: Some(self.path("api.sock")),
                 serial_log: Some(self.path("console.log")),
                 exit_with_parent: true,
-                jail: jail::args(cfg, spec),
+                jail: jail::args(cfg, spec, &self.dir)?,
                 ..start
             },
             vcpus,

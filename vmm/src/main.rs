@@ -204,7 +204,9 @@ fn run(args: RunArgs) -> ExitCode {
     // SAFETY: getppid has no preconditions.
     let parent = unsafe { libc::getppid() };
     let built = build(&args).and_then(|(vmm, api)| {
+        let t = std::time::Instant::now();
         confine(&args, parent).context("confining the VMM")?;
+        tracing::info!("confined in {} us", t.elapsed().as_micros());
         Ok((vmm, api))
     });
     let (vmm, api) = match built {

@@ -475,4 +475,60 @@ mod tests {
         assert!(e.to_string().contains("disk full"), "{e}");
         assert!(matches!(e, SandboxError::ResourceExhausted(_)), "{e:?}");
     }
+
+    /// A snapshot request carries the directory the shim made and its two
+    /// new, empty files (memory, state), passed as fds: what the VMM
+    /// writes into them lands in those files.
+    #[tokio::test]
+    async fn a_snapshot_passes_its_new_files() {
+        use std::io::{Seek, Write};
+        use std::os::fd::FromRawFd;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let api = dir.path().join("api.sock");
+        let l = std::os::unix::net::UnixListener::bind(&api).expect("bind");
+        let server = std::thread::spawn(move || {
+            let (s, _) = l.accept().expect("accept");
+            let mut buf = [0u8; 512];
+            let mut iov = [libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() }];
+            let mut fds = [-1; 4];
+            // SAFETY: the iovec points into `buf`.
+            let (n, nfds) = unsafe { s.recv_with_fds(&mut iov, &mut fds) }.expect("recvmsg");
+            let req = Request::parse(buf.get(..n.saturating_sub(1)).unwrap_or_default()).expect("request");
+            for (i, &fd) in fds.iter().take(nfds).enumerate() {
+                // SAFETY: recvmsg installed `fd` for this thread.
+                let mut f = unsafe { File::from_raw_fd(fd) };
+                f.seek(std::io::SeekFrom::End(0)).expect("seek");
+                write!(f, "written through fd {i}").expect("write");
+            }
+            let info = SnapshotInfo {
+                dir: "/x".into(),
+                incremental: false,
+                state_bytes: 1,
+                memory_bytes: 1,
+                memory_pages: 1,
+                took_ms: 1,
+            };
+            (&s).write_all(&burrow_vmm_api::to_line(&Response::snapshot(burrow_vmm_api::VmState::Paused, info))).expect("reply");
+            (req, nfds)
+        });
+        let (tx, exited) = watch::channel(None);
+        let vmm = Vmm { pid: 0, api, exited, failure: Arc::new(Mutex::new(None)) };
+        let target = dir.path().join("snap/vm-1");
+        std::fs::create_dir(dir.path().join("snap")).expect("mkdir");
+        vmm.snapshot(&target, true).await.expect("snapshot");
+        drop(tx);
+        let (req, nfds) = server.join().expect("server");
+        assert_eq!(nfds, 2, "memory and state are passed");
+        let Command::Snapshot { dir: got, incremental } = req.cmd else { panic!("{req:?}") };
+        assert_eq!((got, incremental), (target.canonicalize().expect("made"), true));
+        let read = |n: &str| std::fs::read_to_string(target.join(n)).expect(n);
+        assert_eq!(read("memory"), "written through fd 0");
+        assert_eq!(read("state"), "written through fd 1");
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(target.join("memory")).expect("stat").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        // A second snapshot into the same directory is refused, not mixed.
+        let e = vmm.snapshot(&target, false).await.expect_err("the files exist");
+        assert!(e.to_string().contains(&format!("creating {}", target.join("memory").display())), "{e}");
+    }
 }

@@ -62,7 +62,9 @@ impl Containerd {
     /// uid, no capabilities, no_new_privs, seccomp filters, its own mount,
     /// network and IPC namespaces, in the sandbox's cgroup (the spec's
     /// `/<namespace>/<id>` under ctr). Fails when no VMM was found.
-    pub fn assert_jailed(&self) {
+    /// Returns the VMMs' cgroup directories (for checks after delete).
+    pub fn assert_jailed(&self) -> Vec<PathBuf> {
+        let mut cgroups = Vec::new();
         let pids = vmm_pids(&self.burrow_state());
         assert!(
             !pids.is_empty(),
@@ -83,12 +85,12 @@ impl Containerd {
             assert_eq!(field(&status, "NoNewPrivs"), "1", "VMM {pid}");
             assert_eq!(field(&status, "Seccomp"), "2", "VMM {pid} is filtered");
             let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-            assert!(
-                cgroup
-                    .lines()
-                    .any(|l| l.starts_with("0::/") && l.ends_with(&format!("/{id}"))),
-                "VMM {pid} is in sandbox {id}'s cgroup: {cgroup}"
-            );
+            let dir = cgroup
+                .lines()
+                .find_map(|l| l.strip_prefix("0::/"))
+                .filter(|p| p.ends_with(&format!("/{id}")));
+            let dir = dir.unwrap_or_else(|| panic!("VMM {pid} is in sandbox {id}'s cgroup: {cgroup}"));
+            cgroups.push(Path::new("/sys/fs/cgroup").join(dir));
             for kind in ["mnt", "net", "ipc"] {
                 let theirs = ns(&pid, kind);
                 assert!(
@@ -97,5 +99,6 @@ impl Containerd {
                 );
             }
         }
+        cgroups
     }
 }

@@ -13,7 +13,8 @@
 //!   no threads, no epoll.
 //! - **parent-watch thread**: sleeps, `getppid`, writes one line, exits.
 //!
-//! `ioctl` is allowed for KVM's ioctls (type 0xAE) and `FIONBIO`; `socket`
+//! `ioctl` is allowed for KVM's ioctls (type 0xAE), `FIONBIO` and a tap's
+//! `TUNSETOFFLOAD`/`TUNSETVNETHDRSZ`; `socket`
 //! for `AF_UNIX`; `clone` only with `CLONE_THREAD`; `clone3` (whose flags
 //! a filter cannot see) fails with ENOSYS, so glibc falls back to `clone`;
 //! `tgkill` only within this process; `prctl` only to name a thread or set
@@ -115,15 +116,20 @@ fn common(rules: &mut Rules) -> Result<(), SeccompError> {
     Ok(())
 }
 
-/// KVM's ioctls (type 0xAE) and FIONBIO.
+/// `TUNSETOFFLOAD` and `TUNSETVNETHDRSZ`: a virtio-net device sets them
+/// on its (passed) tap when the guest negotiates features.
+const TUN_IOCTLS: [u64; 2] = [0x4004_54d0, 0x4004_54d8];
+
+/// KVM's ioctls (type 0xAE), FIONBIO and the tap's offload settings.
 fn ioctls(rules: &mut Rules) -> Result<(), SeccompError> {
-    rules.insert(
-        libc::SYS_ioctl,
-        vec![
-            rule(vec![cond(1, Op::MaskedEq(0xff00), 0xae00)?])?,
-            rule(vec![cond(1, Op::Eq, libc::FIONBIO)?])?,
-        ],
-    );
+    let mut allowed = vec![
+        rule(vec![cond(1, Op::MaskedEq(0xff00), 0xae00)?])?,
+        rule(vec![cond(1, Op::Eq, libc::FIONBIO)?])?,
+    ];
+    for t in TUN_IOCTLS {
+        allowed.push(rule(vec![cond(1, Op::Eq, t)?])?);
+    }
+    rules.insert(libc::SYS_ioctl, allowed);
     Ok(())
 }
 

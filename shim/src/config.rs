@@ -14,6 +14,9 @@
 //! snapshot_dir = "/var/lib/burrow/snapshots"  # hibernated VMs: <dir>/<ns>/<id>
 //! hibernate_idle_secs = 0      # hibernate after this long idle; 0 = never
 //!                              # (annotation io.burrow.hibernate_idle_secs)
+//! vmm_jail = true    # run burrow-vmm jailed (namespaces, no privileges)
+//! vmm_uid = 64100    # the jailed VMM's uid and gid (no account needed)
+//! vmm_gid = 64100
 //!
 //! [vcpus]
 //! default = 1
@@ -92,6 +95,11 @@ pub struct Config {
     pub hibernate_idle_secs: u64,
     pub vcpus: Bounds<u32>,
     pub memory_mib: MemoryBounds,
+    /// Run burrow-vmm in its jail (see `burrow_vmm_api::jail`); off only
+    /// to debug.
+    pub vmm_jail: bool,
+    pub vmm_uid: u32,
+    pub vmm_gid: u32,
 }
 
 impl Default for Config {
@@ -110,6 +118,9 @@ impl Default for Config {
             hibernate_idle_secs: 0,
             vcpus: Bounds::default(),
             memory_mib: MemoryBounds::default(),
+            vmm_jail: true,
+            vmm_uid: burrow_vmm_api::jail::DEFAULT_JAIL_ID,
+            vmm_gid: burrow_vmm_api::jail::DEFAULT_JAIL_ID,
         }
     }
 }

@@ -328,7 +328,9 @@ impl Containerd {
     }
 
     /// Every file, directory and socket burrow made for this containerd
-    /// (state and snapshots) is private: no group or other permission bits.
+    /// (state and snapshots) is private: no group or other permission bits,
+    /// but for a sandbox's directory, which the jailed VMM's group may
+    /// create files in (see [`crate::jailed::is_jail_state_dir`]).
     /// Fails if there is no VM console among them (nothing was checked).
     pub fn assert_private(&self) {
         use std::os::unix::fs::PermissionsExt;
@@ -337,15 +339,9 @@ impl Containerd {
         for root in [self.burrow_state(), self.snapshot_dir()] {
             let mut stack = vec![root];
             while let Some(p) = stack.pop() {
-                let Ok(meta) = std::fs::symlink_metadata(&p) else {
-                    continue;
-                };
-                if meta.permissions().mode() & 0o077 != 0 {
-                    open.push(format!(
-                        "{:o} {}",
-                        meta.permissions().mode() & 0o7777,
-                        p.display()
-                    ));
+                let Ok(meta) = std::fs::symlink_metadata(&p) else { continue };
+                if meta.permissions().mode() & 0o077 != 0 && !crate::jailed::is_jail_state_dir(&meta) {
+                    open.push(format!("{:o} {}", meta.permissions().mode() & 0o7777, p.display()));
                 }
                 if meta.is_dir() {
                     stack.extend(

@@ -7,6 +7,7 @@
 
 pub mod containerd;
 pub mod devmapper;
+pub mod jailed;
 pub mod ps;
 
 use std::path::Path;

@@ -183,6 +183,8 @@ fn ctr_task_exec_ps_pause_resume_kill_delete() {
     );
     // The rootfs image, console, logs and sockets are the host root's only.
     c.assert_private();
+    // The VMM containerd's shim started runs in its jail.
+    let cgroups = c.assert_jailed();
 
     assert_eq!(
         c.ctr(&["task", "kill", "-s", "SIGKILL", "t-task"]).code,
@@ -193,6 +195,9 @@ fn ctr_task_exec_ps_pause_resume_kill_delete() {
     assert_eq!(d.code, Some(0), "{d:?}");
     assert_eq!(c.ctr(&["containers", "rm", "t-task"]).code, Some(0));
     c.assert_clean(CLEAN);
+    for cg in cgroups {
+        assert!(!cg.exists(), "the VMM's cgroup {} outlived its sandbox", cg.display());
+    }
 }
 
 #[test]

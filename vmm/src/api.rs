@@ -3,8 +3,12 @@
 //! lines) are defined in `burrow-vmm-api` ([`burrow_vmm_api::messages`]),
 //! which the shim links too.
 
-use std::io::{ErrorKind, Read, Write};
+use std::fs::File;
+use std::io::{ErrorKind, Write};
+use std::os::fd::FromRawFd;
 use std::os::unix::net::UnixStream;
+
+use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
 use serde::Serialize;
 
@@ -48,10 +52,16 @@ pub fn failure_kind(e: &(dyn std::error::Error + 'static)) -> Option<ApiErrorKin
     e.downcast_ref::<std::io::Error>().map(io_kind)
 }
 
+/// Most files one client may have passed and not yet used.
+pub const MAX_PASSED_FILES: usize = 2;
+
 /// One connected API client.
 pub struct Client {
     pub stream: UnixStream,
     buf: Vec<u8>,
+    /// Files it passed (`SCM_RIGHTS`, for a snapshot), oldest first; past
+    /// [`MAX_PASSED_FILES`] more are closed.
+    pub files: Vec<File>,
 }
 
 impl Client {
@@ -60,6 +70,7 @@ impl Client {
         Ok(Self {
             stream,
             buf: Vec::new(),
+            files: Vec::new(),
         })
     }
 
@@ -68,7 +79,7 @@ impl Client {
     pub fn read_lines(&mut self) -> Option<Vec<Vec<u8>>> {
         let mut chunk = [0u8; 1024];
         loop {
-            match self.stream.read(&mut chunk) {
+            match self.recv(&mut chunk) {
                 Ok(0) => return None,
                 Ok(n) => self.buf.extend_from_slice(chunk.get(..n)?),
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
@@ -88,6 +99,26 @@ impl Client {
             return None;
         }
         Some(lines)
+    }
+
+    /// Read what the socket has, keeping the files passed with it.
+    fn recv(&mut self, chunk: &mut [u8]) -> std::io::Result<usize> {
+        let mut iov = [libc::iovec {
+            iov_base: chunk.as_mut_ptr().cast(),
+            iov_len: chunk.len(),
+        }];
+        let mut fds = [-1; MAX_PASSED_FILES];
+        // SAFETY: the iovec points into `chunk`, which recvmsg may fill.
+        let (n, nfds) = unsafe { self.stream.recv_with_fds(&mut iov, &mut fds) }
+            .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
+        for &fd in fds.iter().take(nfds) {
+            // SAFETY: recvmsg just installed `fd`; nothing else owns it.
+            let f = unsafe { File::from_raw_fd(fd) };
+            if self.files.len() < MAX_PASSED_FILES {
+                self.files.push(f);
+            }
+        }
+        Ok(n)
     }
 
     /// Send one JSON line (small; a client that cannot take it is dropped).

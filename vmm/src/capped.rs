@@ -44,6 +44,13 @@ fn open_log(path: &Path, truncate: bool) -> io::Result<File> {
     Ok(f)
 }
 
+/// Where the log at `path` is rotated to: `PATH.1`.
+pub fn rotated(path: &Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".1");
+    p.into()
+}
+
 impl RotatingFile {
     /// Open (append to) `path`; `max` is at least 4 KiB.
     pub fn open(path: &Path, max: u64) -> io::Result<Self> {
@@ -54,9 +61,7 @@ impl RotatingFile {
 
     /// Where the previous `max` bytes go.
     pub fn rotated_path(&self) -> PathBuf {
-        let mut p = self.path.clone().into_os_string();
-        p.push(".1");
-        p.into()
+        rotated(&self.path)
     }
 
     fn rotate(&mut self) {

@@ -3,13 +3,14 @@
 //! Layout: `x86_64/` (memory map, boot protocols, vCPU state), `devices/`
 //! (one folder per device), `vcpu` (threads and their control), `bus`
 //! (exit dispatch), `vmm` (building a VM and its event loop), `api` (the
-//! control socket).
+//! control socket), `jail` (confinement and seccomp filters).
 
 pub mod api;
 pub mod bus;
 pub mod capped;
 pub mod config;
 pub mod devices;
+pub mod jail;
 pub mod probe;
 pub mod snapshot;
 pub mod vcpu;

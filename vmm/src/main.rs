@@ -14,6 +14,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use burrow_vmm::api::failure_kind;
 use burrow_vmm::config::{SerialOutput, VsockConfig};
+use burrow_vmm::jail::{self, seccomp};
 use burrow_vmm::snapshot::microvm;
 use burrow_vmm::vmm::{check_restore, RestoreConfig};
 use burrow_vmm::{VmConfig, Vmm};
@@ -39,9 +40,6 @@ fn main() -> ExitCode {
     let cli = Cli::from_env();
     if let VmmCommand::Run(args) = &cli {
         burrow_vmm::capped::CappedLog::set_max(args.log_max);
-        if args.exit_with_parent {
-            exit_with_parent();
-        }
     }
     match cli {
         VmmCommand::Probe => match burrow_vmm::probe::run_tiny_guest() {
@@ -61,32 +59,43 @@ fn main() -> ExitCode {
 /// Watch the parent: once it is gone (this process was handed to another),
 /// end at once. A pidfd, not PR_SET_PDEATHSIG: that fires when the parent's
 /// *thread* that spawned us exits, and the shim spawns from tokio threads.
-/// The watching thread sleeps in poll(2) until the parent exits: nothing
-/// wakes an idle VMM.
-fn exit_with_parent() {
-    // SAFETY: getppid has no preconditions.
-    let parent = unsafe { libc::getppid() };
+/// The watching thread sleeps in poll(2) on a pidfd of the parent until
+/// it exits: nothing wakes an idle VMM.
+fn exit_with_parent(parent: libc::pid_t) -> anyhow::Result<()> {
     // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, parent, 0) };
-    // SAFETY: as above.
-    let gone = move || unsafe { libc::getppid() } != parent;
-    let Ok(fd) = libc::c_int::try_from(fd) else {
-        eprintln!("burrow-vmm: pidfd_open of the parent failed: {}", std::io::Error::last_os_error());
-        std::process::exit(1);
-    };
-    if fd < 0 || gone() {
-        eprintln!("burrow-vmm: the process that started it (pid {parent}) is gone; not starting");
-        std::process::exit(1);
+    let fd = libc::c_int::try_from(fd).unwrap_or(-1);
+    if fd < 0 {
+        anyhow::bail!("pidfd_open of the parent (pid {parent}): {}", std::io::Error::last_os_error());
     }
-    let _ = std::thread::Builder::new().name("parent-watch".into()).spawn(move || loop {
-        let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    // SAFETY: getppid has no preconditions.
+    if unsafe { libc::getppid() } != parent {
+        anyhow::bail!("the process that started it (pid {parent}) exited while the VM was built");
+    }
+    std::thread::Builder::new()
+        .name("parent-watch".into())
+        .spawn(move || {
+            if let Err(e) = seccomp::apply(seccomp::Thread::ParentWatch) {
+                eprintln!("burrow-vmm: {e}");
+                std::process::exit(1);
+            }
+            watch_parent(parent, fd)
+        })
+        .context("starting the parent-watch thread")?;
+    Ok(())
+}
+
+fn watch_parent(parent: libc::pid_t, pidfd: libc::c_int) {
+    loop {
+        let mut p = libc::pollfd { fd: pidfd, events: libc::POLLIN, revents: 0 };
         // SAFETY: one valid pollfd; no timeout.
         let n = unsafe { libc::poll(&mut p, 1, -1) };
-        if n > 0 || gone() {
+        // SAFETY: getppid has no preconditions.
+        if n > 0 || unsafe { libc::getppid() } != parent {
             eprintln!("burrow-vmm: the process that started it (pid {parent}) exited; stopping the VM");
             std::process::exit(1);
         }
-    });
+    }
 }
 
 fn bind_api(args: &RunArgs) -> anyhow::Result<Option<UnixListener>> {
@@ -169,8 +178,58 @@ fn build(args: &RunArgs) -> anyhow::Result<(Vmm, Option<UnixListener>)> {
     Ok((vmm, api))
 }
 
+/// Confine the process once its VM is built: the cgroup and OOM score,
+/// the jail, then the VMM thread's seccomp filter (the threads it starts
+/// add theirs). See [`burrow_vmm::jail`].
+fn confine(args: &RunArgs, parent: libc::pid_t) -> anyhow::Result<()> {
+    let j = &args.jail;
+    jail::place(j.cgroup.as_deref(), j.oom_score_adj)?;
+    if j.jail {
+        let mut dirs = Vec::new();
+        let mut own_files = Vec::new();
+        for p in [&args.api, &args.vsock, &args.serial_log].into_iter().flatten() {
+            if let Some(d) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
+                dirs.push(d.to_path_buf());
+            }
+        }
+        if let Some(log) = &args.serial_log {
+            own_files.push(log.clone());
+            own_files.push(burrow_vmm::capped::rotated(log));
+        }
+        own_files.extend(args.api.clone());
+        jail::enter(&jail::Jail {
+            uid: j.jail_uid,
+            gid: j.jail_gid,
+            dirs,
+            own_files,
+        })?;
+    }
+    seccomp::prepare(!j.no_seccomp)?;
+    if args.exit_with_parent {
+        // SAFETY: getppid has no preconditions.
+        if unsafe { libc::getppid() } != parent {
+            anyhow::bail!("the process that started it (pid {parent}) exited while the VM was built");
+        }
+        exit_with_parent(parent)?;
+    }
+    seccomp::apply(seccomp::Thread::Vmm)?;
+    if j.test_forbidden_syscall {
+        seccomp::forbidden_syscall();
+        eprintln!("burrow-vmm: the forbidden syscall was allowed");
+    }
+    Ok(())
+}
+
 fn run(args: RunArgs) -> ExitCode {
-    let (vmm, api) = match build(&args) {
+    // SAFETY: getppid has no preconditions.
+    let parent = unsafe { libc::getppid() };
+    let built = build(&args).and_then(|(vmm, api)| {
+        let t = std::time::Instant::now();
+        confine(&args, parent).context("confining the VMM")?;
+        tracing::info!("confined in {} us", t.elapsed().as_micros());
+        Ok((vmm, api))
+    });
+    let (vmm, api) = match built {
         Ok(v) => v,
         Err(e) => {
             eprintln!("burrow-vmm: {}", error_chain(&e));

@@ -268,7 +268,11 @@ pub fn spawn(
     std::thread::Builder::new()
         .name(format!("vcpu{id}"))
         .spawn(move || {
-            let reason = run_loop(id, &mut vcpu, &bus, &ctl);
+            // Before the guest runs a single instruction on this vCPU.
+            let reason = match crate::jail::seccomp::apply(crate::jail::seccomp::Thread::Vcpu) {
+                Ok(()) => run_loop(id, &mut vcpu, &bus, &ctl),
+                Err(e) => Some(ExitReason::Error(e.to_string())),
+            };
             if let Some(r) = reason {
                 let _ = events.send(VcpuEvent::Exit(r));
                 let _ = wake.write(1);

@@ -353,7 +353,8 @@ impl Vmm {
         }
     }
 
-    fn command(&mut self, cmd: Command, events: &mut Vec<Event>) -> Result<Response, ExitReason> {
+    /// Run one API command; `files` are those its client passed.
+    fn command(&mut self, cmd: Command, files: &mut Vec<std::fs::File>, events: &mut Vec<Event>) -> Result<Response, ExitReason> {
         Ok(match cmd {
             Command::Status => Response::ok(self.state),
             Command::Start => match self.state {
@@ -391,7 +392,7 @@ impl Vmm {
                 s => Response::err(ApiError::new(ApiErrorKind::InvalidState, format!("cannot resume: VM is {s:?}"))),
             },
             Command::Stop => return Err(ExitReason::Stopped),
-            Command::Snapshot { dir, incremental } => match self.snapshot(&dir, incremental, events) {
+            Command::Snapshot { dir, incremental } => match snapshot_files(files).and_then(|f| self.snapshot(&dir, incremental, f, events)) {
                 Ok(info) => Response::snapshot(self.state, info),
                 Err(e) => {
                     tracing::warn!("snapshot to {} failed: {e}", dir.display());
@@ -524,9 +525,10 @@ impl Vmm {
                             }
                             continue;
                         };
+                        let mut files = clients.get_mut(&t).map(|c| std::mem::take(&mut c.files)).unwrap_or_default();
                         for line in lines {
                             let resp = match Request::parse(&line) {
-                                Ok(req) => match self.command(req.cmd, &mut out_events) {
+                                Ok(req) => match self.command(req.cmd, &mut files, &mut out_events) {
                                     Ok(r) => r,
                                     Err(r) => {
                                         exit.get_or_insert(r);
@@ -563,6 +565,20 @@ impl Vmm {
             }
             broadcast(&mut clients, &out_events);
         }
+    }
+}
+
+/// The snapshot files a client passed: none (write by path) or exactly two.
+fn snapshot_files(files: &mut Vec<std::fs::File>) -> Result<Option<snapshotting::SnapshotFiles>, ApiError> {
+    let passed = std::mem::take(files);
+    let mut it = passed.into_iter();
+    match (it.next(), it.next()) {
+        (None, _) => Ok(None),
+        (Some(memory), Some(state)) => Ok(Some(snapshotting::SnapshotFiles { memory, state })),
+        (Some(_), None) => Err(ApiError::new(
+            ApiErrorKind::InvalidRequest,
+            "a snapshot takes two passed files (memory, state) or none",
+        )),
     }
 }
 

@@ -376,3 +376,75 @@ fn bad_snapshots_are_refused_with_status_2() {
     assert_eq!(vm.request("{\"cmd\":\"status\"}")["state"], "created");
     vm.stop();
 }
+
+impl Vm {
+    /// Snapshot into `dir` the way the shim does for a jailed VMM: this
+    /// process makes the directory and two empty files and passes them
+    /// (memory, state) with the request.
+    fn snapshot_into_files(&mut self, dir: &Path) -> serde_json::Value {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+        use vmm_sys_util::sock_ctrl_msg::ScmSocket;
+        std::fs::DirBuilder::new().mode(0o700).create(dir).unwrap();
+        let new = |name: &str| std::fs::File::options().read(true).write(true).create_new(true).mode(0o600).open(dir.join(name)).unwrap();
+        let (memory, state) = (new("memory"), new("state"));
+        let line = format!("{{\"cmd\":\"snapshot\",\"dir\":{}}}\n", serde_json::to_string(dir.to_str().unwrap()).unwrap());
+        self.api.get_ref().send_with_fds(&[line.as_bytes()], &[memory.as_raw_fd(), state.as_raw_fd()]).unwrap();
+        loop {
+            let mut l = String::new();
+            assert!(self.api.read_line(&mut l).unwrap() > 0, "API closed while waiting for the snapshot");
+            if l.starts_with("{\"ok\"") {
+                return serde_json::from_str(&l).unwrap();
+            }
+        }
+    }
+
+    fn uid(&self) -> String {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        status.lines().find_map(|l| l.strip_prefix("Uid:")).unwrap_or_default().trim().to_string()
+    }
+}
+
+/// A jailed VMM sees no snapshot directory: it writes a snapshot into the
+/// files its controller passes over the API socket (as the shim does), and
+/// a jailed VMM restores from them. A snapshot by path to a host directory
+/// outside its jail fails: that path does not exist in its root.
+#[test]
+fn a_jailed_vmm_snapshots_into_passed_files_and_restores_jailed() {
+    let d = tmpdir("jailed");
+    let k = kernel(&d, COUNTER);
+    let snap = d.join("snap");
+    let jail = ["--jail", "--jail-uid", "64123", "--jail-gid", "64123"];
+    let mut args = vec!["--kernel", k.to_str().unwrap(), "--mem", "32"];
+    args.extend(jail);
+    let mut vm = spawn(&args, &d.join("api0"), &d.join("log0"));
+    // The guest runs once the jail is entered.
+    vm.wait_log("3 counter lines", |l| lines(l) >= 3);
+    assert_eq!(vm.uid(), "64123\t64123\t64123\t64123", "the VMM runs as the jail's uid");
+
+    let outside = PathBuf::from(format!("/var/tmp/burrow-jail-test-{}", std::process::id()));
+    let r = vm.request(&format!("{{\"cmd\":\"snapshot\",\"dir\":{}}}", serde_json::to_string(outside.to_str().unwrap()).unwrap()));
+    assert_eq!(r["ok"], false, "a jailed VMM cannot reach {}: {r}", outside.display());
+    assert!(!outside.exists(), "nothing was written on the host");
+    let r = vm.request("{\"cmd\":\"resume\"}");
+    assert_eq!(r["ok"], true, "{r}");
+
+    let r = vm.snapshot_into_files(&snap);
+    assert_eq!(r["ok"], true, "snapshot into passed files: {r}");
+    assert_eq!(r["snapshot"]["dir"], snap.to_str().unwrap(), "{r}");
+    assert_eq!(std::fs::metadata(snap.join("memory")).unwrap().len(), 32 << 20);
+    assert!(std::fs::metadata(snap.join("state")).unwrap().len() > 0);
+    vm.stop();
+    let original = std::fs::read_to_string(d.join("log0")).unwrap();
+
+    let mut args = vec!["--restore", snap.to_str().unwrap()];
+    args.extend(jail);
+    let mut vm = spawn(&args, &d.join("api1"), &d.join("log1"));
+    vm.wait_log("3 more counter lines", |l| lines(l) >= 3);
+    assert_eq!(vm.uid(), "64123\t64123\t64123\t64123");
+    vm.stop();
+    let after = std::fs::read_to_string(d.join("log1")).unwrap();
+    let values = counter_values(&format!("{original}{after}"));
+    assert!(values.len() >= counter_values(&original).len() + 3);
+    assert_continuous(&values, "jailed restore: before + after");
+}

@@ -21,6 +21,7 @@ pub mod checkpoint;
 pub mod egress;
 pub mod hibernate;
 pub mod intake;
+pub mod jail;
 pub mod launch;
 pub mod lifecycle;
 pub mod named;
@@ -99,6 +100,7 @@ pub fn cleanup_state(dir: &Path) {
             }
         }
     }
+    jail::remove_cgroup(dir);
     if let Err(e) = std::fs::remove_dir_all(dir) {
         if e.kind() != std::io::ErrorKind::NotFound {
             tracing::warn!("removing {}: {e}", dir.display());
@@ -220,6 +222,7 @@ impl VmSandbox {
         (path, read_only): (PathBuf, bool),
         (vcpus, memory_mib): (u32, u64),
         restore: Option<PathBuf>,
+        spec: &serde_json::Value,
     ) -> Result<VmmLaunch> {
         let start = match restore {
             Some(dir) => VmmArgs::restore(dir),
@@ -243,6 +246,7 @@ impl VmSandbox {
                 api: Some(self.path("api.sock")),
                 serial_log: Some(self.path("console.log")),
                 exit_with_parent: true,
+                jail: jail::args(cfg, spec, &self.dir)?,
                 ..start
             },
             vcpus,
@@ -274,6 +278,7 @@ impl VmSandbox {
     async fn create_inner(&self, cfg: &Config, c: &ContainerConfig) -> Result<u32> {
         std::fs::create_dir_all(&self.dir)
             .map_err(|e| SandboxError::Internal(format!("creating {}: {e}", self.dir.display())))?;
+        jail::share_state_dir(cfg, &self.dir)?;
         self.check_socket_paths()?;
         if !cfg.kernel.is_file() {
             return Err(SandboxError::FailedPrecondition(format!(
@@ -330,6 +335,7 @@ impl VmSandbox {
             (rootfs.disk.clone(), rootfs.read_only),
             (size.vcpus, size.memory_mib),
             None,
+            &c.spec,
         )?;
         let args = self.with_network(&c.spec, args).await?;
         tracing::info!(
@@ -359,6 +365,7 @@ impl VmSandbox {
         self.check_socket_paths()?;
         std::fs::create_dir_all(&self.dir)
             .map_err(|e| SandboxError::Internal(format!("creating {}: {e}", self.dir.display())))?;
+        jail::share_state_dir(cfg, &self.dir)?;
         let img = self.path(&format!("{}.rootfs.img", c.id));
         self.registry().insert(
             c.id.clone(),
@@ -380,6 +387,7 @@ impl VmSandbox {
             (img, manifest.rootfs_read_only),
             (manifest.vcpus, manifest.memory_mib),
             Some(vm_dir),
+            &c.spec,
         )?;
         let args = self.with_network(&c.spec, args).await?;
         tracing::info!(

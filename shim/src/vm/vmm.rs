@@ -9,7 +9,11 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use std::fs::File;
+
+use burrow_vmm_api::layout;
 use burrow_vmm_api::messages::Answer;
+use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 use burrow_vmm_api::{ApiError, Command, ErrorKind, Line, Request, Response, SnapshotInfo};
 pub use burrow_vmm_api::{DiskArg, VmmArgs};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -210,11 +214,9 @@ impl Vmm {
     /// Pause and write a snapshot to `dir` (incremental: only the pages
     /// written since the last one); the VM stays paused.
     pub async fn snapshot(&self, dir: &Path, incremental: bool) -> Result<SnapshotInfo> {
-        let cmd = Command::Snapshot {
-            dir: dir.to_path_buf(),
-            incremental,
-        };
-        self.command(cmd, SNAPSHOT_TIMEOUT)
+        let (dir, files) = snapshot_files(dir)?;
+        let cmd = Command::Snapshot { dir, incremental };
+        self.command_with(cmd, &files, SNAPSHOT_TIMEOUT)
             .await?
             .snapshot
             .ok_or_else(|| {
@@ -224,11 +226,16 @@ impl Vmm {
 
     /// Send one command and wait (at most `timeout`) for its answer.
     pub async fn command(&self, cmd: Command, timeout: Duration) -> Result<Answer> {
+        self.command_with(cmd, &[], timeout).await
+    }
+
+    /// [`Self::command`], passing `files` with it.
+    async fn command_with(&self, cmd: Command, files: &[File], timeout: Duration) -> Result<Answer> {
         if let Some(r) = self.exit_reason() {
             return Err(SandboxError::Unavailable(r));
         }
         let what = format!("{cmd:?}");
-        tokio::time::timeout(timeout, command_at(&self.api, cmd))
+        tokio::time::timeout(timeout, command_at_with(&self.api, cmd, files))
             .await
             .map_err(|_| {
                 SandboxError::Timeout(format!(
@@ -254,17 +261,59 @@ impl Vmm {
     }
 }
 
+/// Make `dir` (0700) and in it the two empty files a snapshot is written
+/// into (memory, state; 0600, new). They are passed to the VMM, which in
+/// its jail sees no snapshot directory. Returns `dir` made absolute.
+fn snapshot_files(dir: &Path) -> Result<(PathBuf, [File; 2])> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let fail = |what: &Path, e: std::io::Error| SandboxError::io(format_args!("creating {}", what.display()), &e);
+    std::fs::create_dir_all(dir).map_err(|e| fail(dir, e))?;
+    let dir = dir.canonicalize().map_err(|e| fail(dir, e))?;
+    let new = |name: &str| {
+        let p = dir.join(name);
+        File::options()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&p)
+            .map_err(|e| fail(&p, e))
+    };
+    let files = [new(layout::MEMORY_FILE)?, new(layout::STATE_FILE)?];
+    Ok((dir, files))
+}
+
 /// Send `cmd` to the API socket at `api` and read its response.
 pub async fn command_at(api: &Path, cmd: Command) -> Result<Answer> {
+    command_at_with(api, cmd, &[]).await
+}
+
+/// [`command_at`], passing `files` with the request (`SCM_RIGHTS`).
+async fn command_at_with(api: &Path, cmd: Command, files: &[File]) -> Result<Answer> {
     let name = format!("{cmd:?}");
     let io = |e: std::io::Error| {
         SandboxError::Unavailable(format!("burrow-vmm API {}: {e}", api.display()))
     };
     let stream = UnixStream::connect(api).await.map_err(io)?;
-    let (r, mut w) = stream.into_split();
-    w.write_all(&burrow_vmm_api::to_line(&Request::from(cmd)))
-        .await
-        .map_err(io)?;
+    let line = burrow_vmm_api::to_line(&Request::from(cmd));
+    let stream = if files.is_empty() {
+        let mut stream = stream;
+        stream.write_all(&line).await.map_err(io)?;
+        stream
+    } else {
+        // One small message on a fresh connection: sendmsg takes it whole.
+        let std = stream.into_std().map_err(io)?;
+        let fds: Vec<_> = files.iter().map(std::os::fd::AsRawFd::as_raw_fd).collect();
+        let sent = std
+            .send_with_fds(&[line.as_slice()], &fds)
+            .map_err(|e| io(std::io::Error::from_raw_os_error(e.errno())))?;
+        if sent != line.len() {
+            return Err(SandboxError::Internal(format!("burrow-vmm API took {sent} of {} bytes", line.len())));
+        }
+        UnixStream::from_std(std).map_err(io)?
+    };
+    let (r, _w) = stream.into_split();
     let mut reader =
         BufReader::new(r).take(u64::try_from(MAX_LINE * (MAX_SKIPPED + 1)).unwrap_or(u64::MAX));
     for _ in 0..=MAX_SKIPPED {
@@ -438,5 +487,61 @@ mod tests {
         .expect_err("refused");
         assert!(e.to_string().contains("disk full"), "{e}");
         assert!(matches!(e, SandboxError::ResourceExhausted(_)), "{e:?}");
+    }
+
+    /// A snapshot request carries the directory the shim made and its two
+    /// new, empty files (memory, state), passed as fds: what the VMM
+    /// writes into them lands in those files.
+    #[tokio::test]
+    async fn a_snapshot_passes_its_new_files() {
+        use std::io::{Seek, Write};
+        use std::os::fd::FromRawFd;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let api = dir.path().join("api.sock");
+        let l = std::os::unix::net::UnixListener::bind(&api).expect("bind");
+        let server = std::thread::spawn(move || {
+            let (s, _) = l.accept().expect("accept");
+            let mut buf = [0u8; 512];
+            let mut iov = [libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() }];
+            let mut fds = [-1; 4];
+            // SAFETY: the iovec points into `buf`.
+            let (n, nfds) = unsafe { s.recv_with_fds(&mut iov, &mut fds) }.expect("recvmsg");
+            let req = Request::parse(buf.get(..n.saturating_sub(1)).unwrap_or_default()).expect("request");
+            for (i, &fd) in fds.iter().take(nfds).enumerate() {
+                // SAFETY: recvmsg installed `fd` for this thread.
+                let mut f = unsafe { File::from_raw_fd(fd) };
+                f.seek(std::io::SeekFrom::End(0)).expect("seek");
+                write!(f, "written through fd {i}").expect("write");
+            }
+            let info = SnapshotInfo {
+                dir: "/x".into(),
+                incremental: false,
+                state_bytes: 1,
+                memory_bytes: 1,
+                memory_pages: 1,
+                took_ms: 1,
+            };
+            (&s).write_all(&burrow_vmm_api::to_line(&Response::snapshot(burrow_vmm_api::VmState::Paused, info))).expect("reply");
+            (req, nfds)
+        });
+        let (tx, exited) = watch::channel(None);
+        let vmm = Vmm { pid: 0, api, exited, failure: Arc::new(Mutex::new(None)) };
+        let target = dir.path().join("snap/vm-1");
+        std::fs::create_dir(dir.path().join("snap")).expect("mkdir");
+        vmm.snapshot(&target, true).await.expect("snapshot");
+        drop(tx);
+        let (req, nfds) = server.join().expect("server");
+        assert_eq!(nfds, 2, "memory and state are passed");
+        let Command::Snapshot { dir: got, incremental } = req.cmd else { panic!("{req:?}") };
+        assert_eq!((got, incremental), (target.canonicalize().expect("made"), true));
+        let read = |n: &str| std::fs::read_to_string(target.join(n)).expect(n);
+        assert_eq!(read("memory"), "written through fd 0");
+        assert_eq!(read("state"), "written through fd 1");
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(target.join("memory")).expect("stat").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        // A second snapshot into the same directory is refused, not mixed.
+        let e = vmm.snapshot(&target, false).await.expect_err("the files exist");
+        assert!(e.to_string().contains(&format!("creating {}", target.join("memory").display())), "{e}");
     }
 }

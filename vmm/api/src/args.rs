@@ -121,6 +121,9 @@ pub struct VmmArgs {
     /// a shim that dies leaves no VM behind. The shim always passes it.
     #[arg(long)]
     pub exit_with_parent: bool,
+    /// Confinement: see [`crate::jail`].
+    #[command(flatten)]
+    pub jail: crate::jail::JailArgs,
 }
 
 impl VmmArgs {
@@ -144,6 +147,7 @@ impl VmmArgs {
             api: None,
             paused: false,
             exit_with_parent: false,
+            jail: crate::jail::JailArgs::default(),
         }
     }
 
@@ -211,6 +215,7 @@ impl VmmArgs {
         if self.exit_with_parent {
             a.push("--exit-with-parent".into());
         }
+        self.jail.push_argv(&mut a);
         a
     }
 

@@ -7,6 +7,7 @@
 //! |---|---|
 //! | [`args`] | `burrow-vmm`'s command line ([`VmmArgs`]) and the base guest kernel command line |
 //! | [`messages`] | the VMM control API: [`Command`] in, [`Response`] and [`Event`] lines out |
+//! | [`jail`] | the VMM's confinement flags ([`jail::JailArgs`]) |
 //! | [`error`] | [`ApiError`]: an [`ErrorKind`] and a message, as carried over the wire |
 //! | [`net`] | `--net`: the guest NIC's tap and MAC |
 //! | [`layout`] | file names and limits of snapshot and checkpoint directories |
@@ -14,6 +15,7 @@
 
 pub mod args;
 pub mod error;
+pub mod jail;
 pub mod layout;
 pub mod messages;
 pub mod net;

@@ -30,6 +30,10 @@ pub enum Command {
     Stop,
     Status,
     /// Pause (if running) and write a snapshot to `dir`; the VM stays paused.
+    /// A client may pass two empty files with the request (`SCM_RIGHTS`:
+    /// memory, then state): the VMM writes into those and records `dir`
+    /// (absolute) as where they are. A jailed VMM sees no snapshot
+    /// directory, so this is how the shim takes every snapshot.
     Snapshot {
         dir: PathBuf,
         #[serde(default)]

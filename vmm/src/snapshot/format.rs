@@ -135,12 +135,18 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> SnapshotError + '_ {
 
 /// Write `state` to `path` atomically (temp file, fsync, rename).
 pub fn write_state_file<T: Serialize>(path: &Path, state: &T) -> Result<(), SnapshotError> {
-    let bytes = encode(state)?;
     let tmp = path.with_extension("tmp");
     let mut f = fs::File::create(&tmp).map_err(io(&tmp))?;
-    f.write_all(&bytes).map_err(io(&tmp))?;
-    f.sync_all().map_err(io(&tmp))?;
+    write_state_to(&mut f, &tmp, state)?;
     fs::rename(&tmp, path).map_err(io(path))
+}
+
+/// Write a state file into `f` (an empty file opened for writing;
+/// `path` names it in errors) and sync it.
+pub fn write_state_to<T: Serialize>(f: &mut fs::File, path: &Path, state: &T) -> Result<(), SnapshotError> {
+    let bytes = encode(state)?;
+    f.write_all(&bytes).map_err(io(path))?;
+    f.sync_all().map_err(io(path))
 }
 
 /// Read and check a state file. The size limit is checked from the header

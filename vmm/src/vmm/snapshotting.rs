@@ -19,7 +19,7 @@ use crate::snapshot::memory::{write_sparse, PAGE_SIZE};
 use crate::snapshot::microvm::{
     self, MemoryKind, MemoryState, MicrovmState, PageRun, MEMORY_FILE, STATE_FILE,
 };
-use crate::snapshot::{self, write_state_file, Persist};
+use crate::snapshot::{self, write_state_file, write_state_to, Persist};
 use crate::vcpu;
 
 fn new_id() -> u64 {
@@ -44,14 +44,36 @@ fn typed(e: &(dyn std::error::Error + 'static)) -> ApiError {
     err(failure_kind(e).unwrap_or(ApiErrorKind::Internal), e.to_string())
 }
 
+/// The two files of a snapshot, opened by the controller and passed over
+/// the API socket (`SCM_RIGHTS`, memory first): a jailed VMM sees no
+/// snapshot directory. Both must be empty.
+pub struct SnapshotFiles {
+    pub memory: File,
+    pub state: File,
+}
+
 impl Vmm {
-    /// Pause (if running) and write a snapshot to `dir`. The VM is left paused.
+    /// Pause (if running) and write a snapshot to `dir`, or to `files`
+    /// (then `dir` is the absolute path they are in, as recorded in the
+    /// state). The VM is left paused.
     pub(super) fn snapshot(
         &mut self,
         dir: &Path,
         incremental: bool,
+        files: Option<SnapshotFiles>,
         events: &mut Vec<Event>,
     ) -> Result<SnapshotInfo, ApiError> {
+        if let Some(f) = &files {
+            if !dir.is_absolute() {
+                return Err(err(ApiErrorKind::InvalidRequest, format!("snapshot files passed with a relative dir {}", dir.display())));
+            }
+            for (what, file) in [("memory", &f.memory), ("state", &f.state)] {
+                let len = file.metadata().map_err(io("cannot stat the passed file for", Path::new(what)))?.len();
+                if len != 0 {
+                    return Err(err(ApiErrorKind::InvalidRequest, format!("the {what} file passed is not empty ({len} bytes)")));
+                }
+            }
+        }
         let start = Instant::now();
         match self.state {
             VmState::Running => {
@@ -76,8 +98,12 @@ impl Vmm {
         } else {
             None
         };
-        std::fs::create_dir_all(dir).map_err(io("cannot create", dir))?;
-        let dir = dir.canonicalize().map_err(io("cannot resolve", dir))?;
+        let dir = if files.is_some() {
+            dir.to_path_buf()
+        } else {
+            std::fs::create_dir_all(dir).map_err(io("cannot create", dir))?;
+            dir.canonicalize().map_err(io("cannot resolve", dir))?
+        };
         if let Some((base_dir, _)) = &base {
             if *base_dir == dir {
                 return Err(err(ApiErrorKind::InvalidRequest, format!("{} holds the base snapshot; write the incremental one elsewhere", dir.display())));
@@ -114,8 +140,13 @@ impl Vmm {
         // From here on the dirty logs get consumed: if anything fails, no
         // snapshot is a valid base for an incremental one any more.
         self.last_snapshot = None;
-        let tmp = dir.join(format!("{MEMORY_FILE}.tmp"));
-        let file = File::create(&tmp).map_err(io("cannot create", &tmp))?;
+        let (file, state_file, tmp) = match files {
+            Some(f) => (f.memory, Some(f.state), dir.join(MEMORY_FILE)),
+            None => {
+                let tmp = dir.join(format!("{MEMORY_FILE}.tmp"));
+                (File::create(&tmp).map_err(io("cannot create", &tmp))?, None, tmp)
+            }
+        };
         let regions = microvm::regions_for(self.mem_mib);
         let (kind, pages) = match base {
             None => {
@@ -138,7 +169,9 @@ impl Vmm {
         let memory_bytes = file.metadata().map_err(io("cannot stat", &tmp))?.len();
         drop(file);
         let mem_path = dir.join(MEMORY_FILE);
-        std::fs::rename(&tmp, &mem_path).map_err(io("cannot rename to", &mem_path))?;
+        if state_file.is_none() {
+            std::fs::rename(&tmp, &mem_path).map_err(io("cannot rename to", &mem_path))?;
+        }
 
         let id = new_id();
         let state = MicrovmState {
@@ -153,8 +186,16 @@ impl Vmm {
             devices,
         };
         let state_path = dir.join(STATE_FILE);
-        write_state_file(&state_path, &state).map_err(|e| typed(&e))?;
-        let state_bytes = std::fs::metadata(&state_path).map(|m| m.len()).unwrap_or(0);
+        let state_bytes = match state_file {
+            Some(mut f) => {
+                write_state_to(&mut f, &state_path, &state).map_err(|e| typed(&e))?;
+                f.metadata().map(|m| m.len()).unwrap_or(0)
+            }
+            None => {
+                write_state_file(&state_path, &state).map_err(|e| typed(&e))?;
+                std::fs::metadata(&state_path).map(|m| m.len()).unwrap_or(0)
+            }
+        };
         self.last_snapshot = Some((dir.clone(), id));
         let info = SnapshotInfo {
             dir,

@@ -1,0 +1,159 @@
+//! What the shim does for burrow-vmm's jail (`burrow_vmm_api::jail`):
+//! the flags it passes, the sandbox's cgroup it puts the VMM in, and the
+//! state directory the jailed VMM still writes in (its serial log's
+//! rotation, its sockets).
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Component, Path, PathBuf};
+
+use burrow_vmm_api::jail::JailArgs;
+
+use crate::config::Config;
+use crate::sandbox::{Result, SandboxError};
+
+/// Where cgroup v2 is mounted.
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+/// In a sandbox's state directory: the cgroup directories the shim made
+/// for its VMM, deepest first ([`remove_cgroup`] removes them).
+const CGROUP_FILE: &str = "cgroup";
+
+/// The cgroup of a sandbox under `root`: the spec's cgroupfs-style
+/// `linux.cgroupsPath` (`/a/b`). None for a systemd-style one
+/// (`slice:prefix:name`, whose scope only systemd makes), none given, or
+/// one that would leave `root`.
+fn cgroup_dir(root: &Path, spec: &serde_json::Value) -> Option<PathBuf> {
+    let p = Path::new(spec.pointer("/linux/cgroupsPath")?.as_str()?);
+    let mut parts = p.components();
+    if parts.next() != Some(Component::RootDir) || p.as_os_str().len() > 4096 {
+        return None;
+    }
+    let rel: PathBuf = parts
+        .map(|c| match c {
+            Component::Normal(n) => Some(n),
+            _ => None,
+        })
+        .collect::<Option<_>>()?;
+    (!rel.as_os_str().is_empty()).then(|| root.join(rel))
+}
+
+/// Make the sandbox's cgroup (on a cgroup v2 host) and record what was
+/// made in `state_dir`; the VMM joins it before it drops privileges.
+fn make_cgroup(spec: &serde_json::Value, state_dir: &Path) -> Result<Option<PathBuf>> {
+    let root = Path::new(CGROUP_ROOT);
+    if !root.join("cgroup.controllers").exists() {
+        return Ok(None);
+    }
+    let Some(dir) = cgroup_dir(root, spec) else {
+        return Ok(None);
+    };
+    let mut made = Vec::new();
+    let mut p = dir.as_path();
+    while !p.exists() && p != root {
+        made.push(p.to_path_buf());
+        p = p.parent().unwrap_or(root);
+    }
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| SandboxError::Internal(format!("creating cgroup {}: {e}", dir.display())))?;
+    let list: Vec<String> = made.iter().map(|p| p.display().to_string()).collect();
+    std::fs::write(state_dir.join(CGROUP_FILE), list.join("\n"))
+        .map_err(|e| SandboxError::io(format_args!("recording cgroup {}", dir.display()), &e))?;
+    Ok(Some(dir))
+}
+
+/// Remove the cgroup directories the shim made for the sandbox whose state
+/// directory is `state_dir` (its VMM is gone). One still in use stays.
+pub fn remove_cgroup(state_dir: &Path) {
+    let Ok(list) = std::fs::read_to_string(state_dir.join(CGROUP_FILE)) else {
+        return;
+    };
+    for d in list.lines().filter(|l| l.starts_with(CGROUP_ROOT)) {
+        if let Err(e) = std::fs::remove_dir(d) {
+            tracing::debug!("removing cgroup {d}: {e}");
+        }
+    }
+}
+
+/// The jail flags for a VM of the container with OCI spec `spec`, whose
+/// sandbox state directory is `state_dir`: the configured ids, the
+/// sandbox's cgroup and the spec's OOM score (the VMM is the process the
+/// kernel would pick).
+pub fn args(cfg: &Config, spec: &serde_json::Value, state_dir: &Path) -> Result<JailArgs> {
+    let mut a = flags(cfg, spec);
+    a.cgroup = make_cgroup(spec, state_dir)?;
+    Ok(a)
+}
+
+fn flags(cfg: &Config, spec: &serde_json::Value) -> JailArgs {
+    let oom_score_adj = spec
+        .pointer("/process/oomScoreAdj")
+        .and_then(serde_json::Value::as_i64)
+        .and_then(|o| i32::try_from(o.clamp(-1000, 1000)).ok());
+    JailArgs {
+        jail: cfg.vmm_jail,
+        jail_uid: cfg.vmm_uid,
+        jail_gid: cfg.vmm_gid,
+        oom_score_adj,
+        ..JailArgs::default()
+    }
+}
+
+/// Let the jail's group create files in the state directory `dir` (its
+/// serial log rotates there) but list nothing and remove only its own
+/// files: root-owned, group the jail's gid, mode 01730.
+pub fn share_state_dir(cfg: &Config, dir: &Path) -> Result<()> {
+    if !cfg.vmm_jail {
+        return Ok(());
+    }
+    let fail = |e: std::io::Error| {
+        SandboxError::Internal(format!(
+            "preparing {} for the VMM's jail: {e}",
+            dir.display()
+        ))
+    };
+    std::os::unix::fs::chown(dir, Some(0), Some(cfg.vmm_gid)).map_err(fail)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1730)).map_err(fail)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_spec_oom_score_goes_to_the_vmm() {
+        let cfg = Config::default();
+        let a = flags(&cfg, &serde_json::json!({"process": {"oomScoreAdj": -998}}));
+        assert!(a.jail, "jailed by default");
+        assert_eq!(a.oom_score_adj, Some(-998));
+        assert_eq!((a.jail_uid, a.jail_gid), (cfg.vmm_uid, cfg.vmm_gid));
+        assert!(
+            !a.no_seccomp && !a.test_forbidden_syscall,
+            "never passed by the shim"
+        );
+        assert_eq!(flags(&cfg, &serde_json::json!({})).oom_score_adj, None);
+        let off = Config {
+            vmm_jail: false,
+            ..Config::default()
+        };
+        assert!(!flags(&off, &serde_json::json!({})).jail);
+    }
+
+    #[test]
+    fn the_vmm_cgroup_is_the_spec_cgroupfs_path_under_the_root() {
+        let root = Path::new("/sys/fs/cgroup");
+        let at = |p: &str| cgroup_dir(root, &serde_json::json!({"linux": {"cgroupsPath": p}}));
+        assert_eq!(at("/default/t1"), Some(root.join("default/t1")));
+        assert_eq!(
+            at("/kubepods/burstable/pod1/c1"),
+            Some(root.join("kubepods/burstable/pod1/c1"))
+        );
+        for bad in [
+            "kubepods.slice:cri-containerd:c1",
+            "/",
+            "/a/../../etc",
+            "relative/x",
+        ] {
+            assert_eq!(at(bad), None, "{bad}");
+        }
+        assert_eq!(cgroup_dir(root, &serde_json::json!({})), None);
+    }
+}

@@ -20,7 +20,10 @@ pub struct VsockConfig {
 pub enum SerialOutput {
     Stdout,
     /// A file, rotated to `PATH.1` past `max_bytes` (see [`crate::capped`]).
-    File { path: PathBuf, max_bytes: u64 },
+    File {
+        path: PathBuf,
+        max_bytes: u64,
+    },
     Discard,
 }
 
@@ -30,6 +33,8 @@ pub struct VmConfig {
     pub initrd: Option<PathBuf>,
     pub cmdline: String,
     pub disks: Vec<DiskConfig>,
+    /// Empty block slots after the disks (filled through the control API).
+    pub disk_slots: u32,
     pub vsock: Option<VsockConfig>,
     pub vcpus: u8,
     pub mem_mib: u64,
@@ -45,6 +50,7 @@ impl VmConfig {
             initrd: None,
             cmdline: DEFAULT_CMDLINE.into(),
             disks: Vec::new(),
+            disk_slots: 0,
             vsock: None,
             vcpus: 1,
             mem_mib: 256,

@@ -92,7 +92,10 @@ fn bind_api(args: &RunArgs) -> anyhow::Result<Option<UnixListener>> {
 
 fn serial_config(args: &RunArgs) -> (SerialOutput, bool) {
     let out = match &args.serial_log {
-        Some(p) => SerialOutput::File { path: p.clone(), max_bytes: args.serial_log_max },
+        Some(p) => SerialOutput::File {
+            path: p.clone(),
+            max_bytes: args.serial_log_max,
+        },
         None => SerialOutput::Stdout,
     };
     // SAFETY: isatty only inspects the descriptor.
@@ -140,6 +143,7 @@ fn build(args: &RunArgs) -> anyhow::Result<(Vmm, Option<UnixListener>)> {
         config.cmdline.push_str(extra);
     }
     config.disks = args.disks.clone();
+    config.disk_slots = args.disk_slots;
     config.vsock = args.vsock.as_ref().map(|p| VsockConfig {
         uds_path: p.clone(),
         guest_cid: args.cid,

@@ -6,6 +6,7 @@
 //! 200 ms tick that checks whether the guest halted for good (poweroff).
 
 mod restoring;
+mod slots;
 mod snapshotting;
 
 pub use restoring::{check_restore, RestoreConfig};
@@ -165,7 +166,8 @@ impl Vmm {
                 config.mem_mib
             )));
         }
-        let devices_wanted = config.disks.len() + usize::from(config.vsock.is_some());
+        let slots = usize::try_from(config.disk_slots).unwrap_or(usize::MAX);
+        let devices_wanted = config.disks.len().saturating_add(slots) + usize::from(config.vsock.is_some());
         if devices_wanted > (IRQ_MAX - IRQ_VIRTIO_START + 1) as usize {
             return Err(VmmError::Config(format!("too many devices: {devices_wanted}")));
         }
@@ -200,6 +202,9 @@ impl Vmm {
         let mut virtio: Vec<Box<dyn VirtioDevice>> = Vec::new();
         for d in &config.disks {
             virtio.push(Box::new(Block::open(&d.path, d.read_only)?));
+        }
+        for n in 0..config.disk_slots {
+            virtio.push(Box::new(Block::slot(n)));
         }
         if let Some(v) = &config.vsock {
             virtio.push(Box::new(Vsock::new(v.guest_cid, &v.uds_path)?));
@@ -380,6 +385,8 @@ impl Vmm {
                 s => Response::err(ApiError::new(ApiErrorKind::InvalidState, format!("cannot resume: VM is {s:?}"))),
             },
             Command::Stop => return Err(ExitReason::Stopped),
+            Command::AttachDisk { slot, path, read_only } => self.attach_disk(slot, Some((&path, read_only))),
+            Command::DetachDisk { slot } => self.attach_disk(slot, None),
             Command::Snapshot { dir, incremental } => match self.snapshot(&dir, incremental, events) {
                 Ok(info) => Response::snapshot(self.state, info),
                 Err(e) => {

@@ -3,7 +3,7 @@
 //! same type with clap ([`Cli`]).
 //!
 //! `burrow-vmm run --kernel PATH [--initrd PATH] [--cmdline STR] [--append STR]...
-//! [--disk PATH[:ro]]... [--vsock PATH] [--cid N] [--vcpus N] [--mem MiB]
+//! [--disk PATH[:ro]]... [--disk-slots N] [--vsock PATH] [--cid N] [--vcpus N] [--mem MiB]
 //! [--serial-log PATH] [--api PATH] [--paused] [--exit-with-parent]` boots a VM;
 //! `burrow-vmm run --restore DIR [--disk PATH]... [--vsock PATH]
 //! [--serial-log PATH] [--api PATH] [--paused] [--exit-with-parent]` rebuilds one from a
@@ -71,7 +71,7 @@ pub struct VmmArgs {
     /// instead of booting. `--disk` then replaces the recorded disk paths
     /// (in order; sizes must match; the read-only flag comes from the
     /// snapshot), `--vsock` the recorded socket path.
-    #[arg(long, conflicts_with_all = ["kernel", "initrd", "cmdline", "append", "vcpus", "mem_mib", "cid"])]
+    #[arg(long, conflicts_with_all = ["kernel", "initrd", "cmdline", "append", "vcpus", "mem_mib", "cid", "disk_slots"])]
     pub restore: Option<PathBuf>,
     /// initramfs (newc cpio, optionally compressed as the kernel supports).
     #[arg(long)]
@@ -85,6 +85,10 @@ pub struct VmmArgs {
     /// Raw disk image, `PATH` (read-write) or `PATH:ro`; repeatable.
     #[arg(long = "disk")]
     pub disks: Vec<DiskArg>,
+    /// Empty block slots after the disks (guest `vd*` in that order, serial
+    /// `burrow-slot-<n>`), filled and emptied through the control API.
+    #[arg(long, default_value_t = 0)]
+    pub disk_slots: u32,
     /// Host side of vsock: unix socket path (guest connections go to PATH_<port>).
     #[arg(long)]
     pub vsock: Option<PathBuf>,
@@ -129,6 +133,7 @@ impl VmmArgs {
             cmdline: BASE_CMDLINE.into(),
             append: Vec::new(),
             disks: Vec::new(),
+            disk_slots: 0,
             vsock: None,
             cid: DEFAULT_CID,
             vcpus: DEFAULT_VCPUS,
@@ -177,6 +182,9 @@ impl VmmArgs {
                 flag("cid", self.cid.to_string().into());
                 flag("vcpus", self.vcpus.to_string().into());
                 flag("mem", self.mem_mib.to_string().into());
+                if self.disk_slots > 0 {
+                    flag("disk-slots", self.disk_slots.to_string().into());
+                }
             }
         }
         for d in &self.disks {

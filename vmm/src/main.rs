@@ -82,7 +82,7 @@ fn bind_api(args: &RunArgs) -> anyhow::Result<Option<UnixListener>> {
                     .with_context(|| format!("removing stale {}", p.display()))?;
             }
             Some(
-                UnixListener::bind(p)
+                UnixListener::bind(burrow_vmm_api::sockpath::SocketPath::new(p)?.path())
                     .with_context(|| format!("binding API socket {}", p.display()))?,
             )
         }

@@ -50,8 +50,6 @@ use self::vmm::{DiskArg, VmmArgs, VmmLaunch};
 
 /// The guest device the first disk appears as.
 pub const GUEST_ROOT_DEVICE: &str = "/dev/vda";
-/// Longest unix socket path (sun_path less its NUL).
-const MAX_SOCKET_PATH: usize = 107;
 
 /// A VM-backed sandbox.
 pub struct VmSandbox {
@@ -180,20 +178,6 @@ impl VmSandbox {
         Ok(self.vm.awake().await?.agent.clone())
     }
 
-    /// Check the lengths of the socket paths in the state directory.
-    fn check_socket_paths(&self) -> Result<()> {
-        for p in [self.path("vsock.sock"), self.path("api.sock")] {
-            // The VMM appends "_<port>" for guest-initiated connections.
-            if p.as_os_str().len() + 12 > MAX_SOCKET_PATH {
-                return Err(SandboxError::InvalidArgument(format!(
-                    "socket path {} is too long for a unix socket: use a shorter state_dir",
-                    p.display()
-                )));
-            }
-        }
-        Ok(())
-    }
-
     /// Refuse (saying `why`) when this sandbox has a VM or a container
     /// already: a burrow VM runs one container for now.
     fn require_no_container(&self, why: &str) -> Result<()> {
@@ -268,7 +252,6 @@ impl VmSandbox {
     async fn create_inner(&self, cfg: &Config, c: &ContainerConfig) -> Result<u32> {
         std::fs::create_dir_all(&self.dir)
             .map_err(|e| SandboxError::Internal(format!("creating {}: {e}", self.dir.display())))?;
-        self.check_socket_paths()?;
         if !cfg.kernel.is_file() {
             return Err(SandboxError::FailedPrecondition(format!(
                 "guest kernel {} is missing: run `burrow install` or set `kernel` in {}",
@@ -349,7 +332,6 @@ impl VmSandbox {
             intake::Origin::Containerd
         };
         let files = intake::take(dir, &manifest, cfg, origin)?;
-        self.check_socket_paths()?;
         std::fs::create_dir_all(&self.dir)
             .map_err(|e| SandboxError::Internal(format!("creating {}: {e}", self.dir.display())))?;
         let img = self.path(&format!("{}.rootfs.img", c.id));

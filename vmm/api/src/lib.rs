@@ -10,6 +10,7 @@
 //! | [`error`] | [`ApiError`]: an [`ErrorKind`] and a message, as carried over the wire |
 //! | [`layout`] | file names and limits of snapshot and checkpoint directories |
 //! | [`sandbox_control`] | the shim's control socket that `burrow sandbox` talks to |
+//! | [`sockpath`] | unix socket paths longer than `sun_path` (CRI's ids) |
 
 pub mod args;
 pub mod error;
@@ -17,8 +18,11 @@ pub mod layout;
 pub mod messages;
 pub mod sandbox_control;
 pub mod sandbox_tools;
+pub mod sockpath;
 
-pub use args::{Cli, DiskArg, VmmArgs, VmmCommand, BASE_CMDLINE, DEFAULT_LOG_MAX, DEFAULT_SERIAL_LOG_MAX};
+pub use args::{
+    Cli, DiskArg, VmmArgs, VmmCommand, BASE_CMDLINE, DEFAULT_LOG_MAX, DEFAULT_SERIAL_LOG_MAX,
+};
 pub use error::{ApiError, ErrorKind};
 pub use messages::{Command, Event, Line, Request, Response, SnapshotInfo, VmState, MAX_LINE};
 

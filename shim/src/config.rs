@@ -14,6 +14,7 @@
 //! snapshot_dir = "/var/lib/burrow/snapshots"  # hibernated VMs: <dir>/<ns>/<id>
 //! hibernate_idle_secs = 0      # hibernate after this long idle; 0 = never
 //!                              # (annotation io.burrow.hibernate_idle_secs)
+//! pod_disk_slots = 8          # a CRI pod's containers besides its sandbox (1..=16)
 //!
 //! [vcpus]
 //! default = 1
@@ -90,6 +91,9 @@ pub struct Config {
     pub rootfs_slack_mib: u64,
     pub snapshot_dir: PathBuf,
     pub hibernate_idle_secs: u64,
+    /// Empty block slots a CRI pod's VM boots with: one per container of
+    /// the pod (the sandbox has the boot disk).
+    pub pod_disk_slots: u32,
     pub vcpus: Bounds<u32>,
     pub memory_mib: MemoryBounds,
 }
@@ -108,6 +112,7 @@ impl Default for Config {
             rootfs_slack_mib: 256,
             snapshot_dir: PathBuf::from("/var/lib/burrow/snapshots"),
             hibernate_idle_secs: 0,
+            pod_disk_slots: 8,
             vcpus: Bounds::default(),
             memory_mib: MemoryBounds::default(),
         }
@@ -144,6 +149,11 @@ impl Config {
         }
         if cfg.memory_mib.min < 64 || cfg.memory_mib.min > cfg.memory_mib.max {
             return bad("memory_mib: want 64 <= min <= max");
+        }
+        // The VMM has 19 interrupt lines for virtio devices: the boot disk,
+        // vsock and a NIC take three.
+        if !(1..=16).contains(&cfg.pod_disk_slots) {
+            return bad("pod_disk_slots: want 1..=16");
         }
         if cfg.kernel_cmdline.len() > 2048 {
             return bad("kernel_cmdline is longer than 2048 bytes");

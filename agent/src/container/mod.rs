@@ -15,6 +15,7 @@
 mod mounts;
 mod plan;
 mod pty;
+mod slot;
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;

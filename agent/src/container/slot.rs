@@ -20,7 +20,24 @@ const MAX_SERIAL: usize = 20;
 /// The device node for `source`: itself, or the `vd*` disk whose serial
 /// it names, once that disk has a capacity.
 pub fn resolve(source: &str) -> Result<String> {
-    resolve_in(Path::new("/sys/block"), Path::new("/dev"), source, WAIT)
+    let dev = resolve_in(Path::new("/sys/block"), Path::new("/dev"), source, WAIT)?;
+    if source.starts_with(SERIAL_PREFIX) {
+        drop_cached_blocks(&dev)?;
+    }
+    Ok(dev)
+}
+
+/// A slot may have held another container's disk before: drop whatever
+/// of it the guest's block cache still holds (BLKFLSBUF), so that nothing
+/// of the old file is read as the new one's.
+fn drop_cached_blocks(dev: &str) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    nix::ioctl_none!(blkflsbuf, 0x12, 97);
+    let f = std::fs::File::open(dev).map_err(|e| AgentError::io(format!("open {dev}"), e))?;
+    // SAFETY: BLKFLSBUF takes no argument; f is an open block device.
+    unsafe { blkflsbuf(f.as_raw_fd()) }
+        .map_err(|e| AgentError::os(format!("flushing {dev}'s cached blocks"), e))?;
+    Ok(())
 }
 
 pub(crate) fn resolve_in(

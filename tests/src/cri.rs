@@ -164,7 +164,8 @@ impl Cri {
                 namespace: "default".into(),
                 attempt: 0,
             }),
-            hostname: name.into(),
+            // None: on the node's network the pod has the node's UTS
+            // namespace, where runc refuses to set a hostname.
             log_directory: logs.display().to_string(),
             linux: Some(cri::LinuxPodSandboxConfig {
                 security_context: Some(cri::LinuxSandboxSecurityContext {
@@ -186,14 +187,27 @@ impl Cri {
         };
         let id = self
             .call(|mut c| async move { c.run_pod_sandbox(req).await })
-            .unwrap_or_else(|e| panic!("RunPodSandbox {name} ({handler}): {e}\n{}", self.containerd.diagnostics()))
+            .unwrap_or_else(|e| {
+                panic!(
+                    "RunPodSandbox {name} ({handler}): {e}\n{}",
+                    self.containerd.diagnostics()
+                )
+            })
             .pod_sandbox_id;
-        self.pods.lock().unwrap_or_else(|p| p.into_inner()).push(id.clone());
+        self.pods
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(id.clone());
         Pod { id, config }
     }
 
     /// CreateContainer `name` running `cmd` (busybox) in `pod`; not started.
-    pub fn create_container(&self, pod: &Pod, name: &str, cmd: &[&str]) -> Result<String, tonic::Status> {
+    pub fn create_container(
+        &self,
+        pod: &Pod,
+        name: &str,
+        cmd: &[&str],
+    ) -> Result<String, tonic::Status> {
         let req = cri::CreateContainerRequest {
             pod_sandbox_id: pod.id.clone(),
             config: Some(cri::ContainerConfig {
@@ -215,13 +229,24 @@ impl Cri {
             .map(|r| r.container_id)
     }
 
-    /// StartContainer `id`, then wait until CRI reports it running.
-    pub fn start_container(&self, id: &str) {
+    /// StartContainer `id` (CRI creates the task here, not in
+    /// CreateContainer).
+    pub fn try_start_container(&self, id: &str) -> Result<(), tonic::Status> {
         let req = cri::StartContainerRequest {
             container_id: id.into(),
         };
         self.call(|mut c| async move { c.start_container(req).await })
-            .unwrap_or_else(|e| panic!("StartContainer {id}: {e}\n{}", self.containerd.diagnostics()));
+            .map(drop)
+    }
+
+    /// StartContainer `id`, then wait until CRI reports it running.
+    pub fn start_container(&self, id: &str) {
+        self.try_start_container(id).unwrap_or_else(|e| {
+            panic!(
+                "StartContainer {id}: {e}\n{}",
+                self.containerd.diagnostics()
+            )
+        });
         let start = Instant::now();
         loop {
             let req = cri::ContainerStatusRequest {
@@ -254,7 +279,12 @@ impl Cri {
         };
         let r = self
             .call(|mut c| async move { c.exec_sync(req).await })
-            .unwrap_or_else(|e| panic!("ExecSync {cmd:?} in {id}: {e}\n{}", self.containerd.diagnostics()));
+            .unwrap_or_else(|e| {
+                panic!(
+                    "ExecSync {cmd:?} in {id}: {e}\n{}",
+                    self.containerd.diagnostics()
+                )
+            });
         Exec {
             code: r.exit_code,
             stdout: String::from_utf8_lossy(&r.stdout).into_owned(),
@@ -268,13 +298,26 @@ impl Cri {
             pod_sandbox_id: id.into(),
         };
         self.call(|mut c| async move { c.stop_pod_sandbox(stop).await })
-            .unwrap_or_else(|e| panic!("StopPodSandbox {id}: {e}\n{}", self.containerd.diagnostics()));
+            .unwrap_or_else(|e| {
+                panic!(
+                    "StopPodSandbox {id}: {e}\n{}",
+                    self.containerd.diagnostics()
+                )
+            });
         let remove = cri::RemovePodSandboxRequest {
             pod_sandbox_id: id.into(),
         };
         self.call(|mut c| async move { c.remove_pod_sandbox(remove).await })
-            .unwrap_or_else(|e| panic!("RemovePodSandbox {id}: {e}\n{}", self.containerd.diagnostics()));
-        self.pods.lock().unwrap_or_else(|p| p.into_inner()).retain(|p| p != id);
+            .unwrap_or_else(|e| {
+                panic!(
+                    "RemovePodSandbox {id}: {e}\n{}",
+                    self.containerd.diagnostics()
+                )
+            });
+        self.pods
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|p| p != id);
     }
 }
 

@@ -20,7 +20,12 @@ fn pod_of_two(cri: &Cri, handler: &str) -> (Pod, Vec<String>) {
         let script = format!("echo {name} > /only-{name}; exec sleep 2147483647");
         let id = cri
             .create_container(&pod, name, &["sh", "-c", &script])
-            .unwrap_or_else(|e| panic!("CreateContainer {name}: {e}\n{}", cri.containerd.diagnostics()));
+            .unwrap_or_else(|e| {
+                panic!(
+                    "CreateContainer {name}: {e}\n{}",
+                    cri.containerd.diagnostics()
+                )
+            });
         cri.start_container(&id);
         ids.push(id);
     }
@@ -47,7 +52,10 @@ fn files_are_private(cri: &Cri, ids: &[String]) {
                 assert_eq!(e.stdout.trim(), names[i], "{e:?}");
                 break;
             }
-            assert!(start.elapsed() < Duration::from_secs(120), "{own} never appeared: {e:?}");
+            assert!(
+                start.elapsed() < Duration::from_secs(120),
+                "{own} never appeared: {e:?}"
+            );
             std::thread::sleep(Duration::from_millis(500));
         }
         let other = format!("/only-{}", names[1 - i]);
@@ -57,14 +65,44 @@ fn files_are_private(cri: &Cri, ids: &[String]) {
     }
 }
 
+/// As CRI asks: the pod's IPC namespace is common to its containers; mount
+/// and PID namespaces are each one's own. (On the node's network the UTS
+/// namespace is the node's: the guest's under burrow.)
+fn namespaces_are_the_pods(cri: &Cri, ids: &[String]) {
+    let ns = |id: &str, kind: &str| {
+        let e = cri.exec(id, &["readlink", &format!("/proc/self/ns/{kind}")]);
+        assert_eq!(e.code, 0, "{e:?}");
+        assert!(e.stdout.starts_with(&format!("{kind}:[")), "{e:?}");
+        e.stdout.trim().to_string()
+    };
+    assert_eq!(
+        ns(&ids[0], "ipc"),
+        ns(&ids[1], "ipc"),
+        "one IPC namespace for the pod"
+    );
+    for kind in ["mnt", "pid"] {
+        assert_ne!(
+            ns(&ids[0], kind),
+            ns(&ids[1], kind),
+            "a {kind} namespace per container"
+        );
+    }
+}
+
 fn host_boot_id() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap().trim().to_string()
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .unwrap()
+        .trim()
+        .to_string()
 }
 
 /// burrow-vmm pid files under the state directory of CRI's namespace.
 fn vmm_pids(cri: &Cri) -> Vec<std::path::PathBuf> {
     let dir = cri.containerd.burrow_state().join("k8s.io");
-    walk(&dir).into_iter().filter(|p| p.ends_with("vmm.pid")).collect()
+    walk(&dir)
+        .into_iter()
+        .filter(|p| p.ends_with("vmm.pid"))
+        .collect()
 }
 
 #[test]
@@ -74,7 +112,12 @@ fn burrow_pod_runs_its_containers_in_one_vm() {
     let (pod, ids) = pod_of_two(&cri, "burrow");
     // Under the test's state_dir, CRI's namespace and 64-character ids make
     // the sockets' paths longer than a unix socket address holds.
-    let sock = cri.containerd.burrow_state().join("k8s.io").join(&pod.id).join("vsock.sock");
+    let sock = cri
+        .containerd
+        .burrow_state()
+        .join("k8s.io")
+        .join(&pod.id)
+        .join("vsock.sock");
     assert!(sock.as_os_str().len() > 107, "{}", sock.display());
     assert!(sock.exists(), "{}", sock.display());
 
@@ -85,10 +128,15 @@ fn burrow_pod_runs_its_containers_in_one_vm() {
     assert_eq!(pids.len(), 1, "one VM for the pod: {pids:?}");
     assert!(pids[0].starts_with(cri.containerd.burrow_state().join("k8s.io").join(&pod.id)));
     files_are_private(&cri, &ids);
+    namespaces_are_the_pods(&cri, &ids);
 
-    // A third container: no slot left, a clear error, the others untouched.
-    let e = cri
+    // A third container: no slot left, a clear error when its task is
+    // made (StartContainer), the others untouched.
+    let three = cri
         .create_container(&pod, "three", &["sleep", "1000"])
+        .unwrap();
+    let e = cri
+        .try_start_container(&three)
         .expect_err("a container beyond the pod's slots");
     assert!(e.message().contains("block slots"), "{e:?}");
     assert_eq!(boot_id(&cri, &ids[1]), a);
@@ -108,6 +156,7 @@ fn runc_pod_runs_its_containers_on_the_host_kernel() {
     assert_eq!(a, host_boot_id(), "runc containers share the host's kernel");
     assert!(vmm_pids(&cri).is_empty(), "runc starts no VM");
     files_are_private(&cri, &ids);
+    namespaces_are_the_pods(&cri, &ids);
     cri.remove_pod(&pod.id);
     cri.containerd.assert_clean(CLEAN);
 }

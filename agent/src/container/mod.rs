@@ -14,6 +14,7 @@
 
 mod mounts;
 mod plan;
+mod podns;
 mod pty;
 mod slot;
 
@@ -33,6 +34,7 @@ use crate::spawn::{self, ChildStdio, Namespaces};
 
 pub use mounts::{mount_container, unmount_container};
 pub use plan::{parse_process, parse_spec, pid_namespace, plan};
+pub use podns::pod_namespaces;
 use pty::{open_pty, pty_parent};
 
 /// A container, or the guest itself (id "").

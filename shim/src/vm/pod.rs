@@ -10,9 +10,11 @@
 //! - Every further container (`container-type: container`) gets its root
 //!   filesystem image attached to a free slot through the VMM's control
 //!   API; the agent finds the disk by its serial (`burrow-slot-<n>`) and
-//!   creates the container with its own mount, UTS, IPC and (as its spec
-//!   asks) PID namespace; all of them share the guest's network. Deleting
-//!   the container empties its slot again.
+//!   creates the container with its own mount and (as its spec asks) PID
+//!   namespace, in the sandbox's IPC and UTS namespaces (the spec names
+//!   them as `/proc/<sandbox pid>/ns/...`, and that pid is the guest's);
+//!   all of them share the guest's network. Deleting the container empties
+//!   its slot again.
 //! - A container beyond the slot count is refused (RESOURCE_EXHAUSTED).
 
 use std::sync::Mutex;
@@ -99,6 +101,42 @@ impl Slots {
     }
 }
 
+/// Give back the IPC and UTS namespace paths that [`spec::for_guest`]
+/// strips, when they name a process's namespaces (`/proc/<pid>/ns/...`):
+/// a pod member joins its sandbox's.
+pub fn keep_pod_namespaces(spec: &serde_json::Value, guest: &mut serde_json::Value) {
+    let Some(given) = spec.pointer("/linux/namespaces").and_then(|n| n.as_array()) else {
+        return;
+    };
+    let Some(out) = guest
+        .pointer_mut("/linux/namespaces")
+        .and_then(|n| n.as_array_mut())
+    else {
+        return;
+    };
+    for kind in ["ipc", "uts"] {
+        let path = given
+            .iter()
+            .filter(|n| n.get("type").and_then(|t| t.as_str()) == Some(kind))
+            .find_map(|n| n.get("path").and_then(|p| p.as_str()))
+            .filter(|p| {
+                p.strip_prefix("/proc/")
+                    .and_then(|r| r.strip_suffix(&format!("/ns/{kind}")))
+                    .is_some_and(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()))
+            });
+        let (Some(path), Some(ns)) = (
+            path,
+            out.iter_mut()
+                .find(|n| n.get("type").and_then(|t| t.as_str()) == Some(kind)),
+        ) else {
+            continue;
+        };
+        if let Some(o) = ns.as_object_mut() {
+            o.insert("path".into(), serde_json::Value::String(path.to_string()));
+        }
+    }
+}
+
 impl VmSandbox {
     /// Create a pod member in the running VM (see the module doc).
     pub(super) async fn create_in_pod(&self, cfg: &Config, c: &ContainerConfig) -> Result<u32> {
@@ -111,7 +149,12 @@ impl VmSandbox {
                 )))
             }
         };
-        let (guest_spec, spec_json) = self.guest_spec(c)?;
+        let (mut guest_spec, _) = self.guest_spec(c)?;
+        keep_pod_namespaces(&c.spec, &mut guest_spec);
+        let spec_json = serde_json::to_vec(&guest_spec)
+            .ok()
+            .filter(|j| j.len() <= burrow_protocol::MAX_SPEC_BYTES)
+            .ok_or_else(|| SandboxError::InvalidArgument("the OCI spec is too large".into()))?;
         let slot = self.slots.take(&c.id)?;
         let r = async {
             let image = self.path(&format!("{}.rootfs.img", c.id));
@@ -184,6 +227,32 @@ mod tests {
         assert_eq!(role(&with("container")), Role::Member);
         assert_eq!(role(&with("other")), Role::Alone);
         assert_eq!(role(&serde_json::json!({})), Role::Alone);
+    }
+
+    #[test]
+    fn pod_members_keep_the_sandbox_ipc_and_uts_paths() {
+        let spec = serde_json::json!({"linux": {"namespaces": [
+            {"type": "pid"},
+            {"type": "ipc", "path": "/proc/42/ns/ipc"},
+            {"type": "uts", "path": "/proc/42/ns/uts"},
+            {"type": "network", "path": "/var/run/netns/cni-1"},
+            {"type": "mount"}
+        ]}});
+        let (mut guest, _) = spec::for_guest(&spec);
+        keep_pod_namespaces(&spec, &mut guest);
+        let nss = &guest["linux"]["namespaces"];
+        assert_eq!(nss[1]["path"], "/proc/42/ns/ipc");
+        assert_eq!(nss[2]["path"], "/proc/42/ns/uts");
+        assert!(
+            nss[3].get("path").is_none(),
+            "the network path stays stripped"
+        );
+        let odd = serde_json::json!({"linux": {"namespaces": [
+            {"type": "ipc", "path": "/proc/self/ns/ipc"}
+        ]}});
+        let (mut guest, _) = spec::for_guest(&odd);
+        keep_pod_namespaces(&odd, &mut guest);
+        assert!(guest["linux"]["namespaces"][0].get("path").is_none());
     }
 
     #[test]

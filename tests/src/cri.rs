@@ -221,6 +221,19 @@ impl Cri {
                 }),
                 command: cmd.iter().map(|s| s.to_string()).collect(),
                 log_path: format!("{name}.log"),
+                // As the kubelet asks for a pod without shareProcessNamespace.
+                linux: Some(cri::LinuxContainerConfig {
+                    security_context: Some(cri::LinuxContainerSecurityContext {
+                        namespace_options: pod
+                            .config
+                            .linux
+                            .as_ref()
+                            .and_then(|l| l.security_context.as_ref())
+                            .and_then(|s| s.namespace_options.clone()),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
                 ..Default::default()
             }),
             sandbox_config: Some(pod.config.clone()),

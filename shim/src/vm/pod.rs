@@ -101,6 +101,29 @@ impl Slots {
     }
 }
 
+/// A pod that shares one PID namespace among its containers
+/// (`shareProcessNamespace`) names the sandbox's in each container's spec;
+/// the agent cannot join a PID namespace for a new container yet, and a
+/// PID namespace of its own would be the wrong answer: refuse it.
+fn refuse_shared_pid_namespace(c: &ContainerConfig) -> Result<()> {
+    let shared = c
+        .spec
+        .pointer("/linux/namespaces")
+        .and_then(|n| n.as_array())
+        .is_some_and(|nss| {
+            nss.iter().any(|n| {
+                n.get("type").and_then(|t| t.as_str()) == Some("pid") && n.get("path").is_some()
+            })
+        });
+    if shared {
+        return Err(SandboxError::Unimplemented(format!(
+            "container {}: sharing the pod's PID namespace (shareProcessNamespace) is not supported by burrow yet",
+            c.id
+        )));
+    }
+    Ok(())
+}
+
 /// Give back the IPC and UTS namespace paths that [`spec::for_guest`]
 /// strips, when they name a process's namespaces (`/proc/<pid>/ns/...`):
 /// a pod member joins its sandbox's.
@@ -149,6 +172,7 @@ impl VmSandbox {
                 )))
             }
         };
+        refuse_shared_pid_namespace(c)?;
         let (mut guest_spec, _) = self.guest_spec(c)?;
         keep_pod_namespaces(&c.spec, &mut guest_spec);
         let spec_json = serde_json::to_vec(&guest_spec)
@@ -253,6 +277,24 @@ mod tests {
         let (mut guest, _) = spec::for_guest(&odd);
         keep_pod_namespaces(&odd, &mut guest);
         assert!(guest["linux"]["namespaces"][0].get("path").is_none());
+    }
+
+    #[test]
+    fn a_shared_pid_namespace_is_refused() {
+        let cfg = |nss: serde_json::Value| ContainerConfig {
+            id: "c1".into(),
+            bundle: "/b".into(),
+            spec: serde_json::json!({"linux": {"namespaces": nss}}),
+            rootfs: vec![],
+            stdin: false,
+        };
+        let own =
+            cfg(serde_json::json!([{"type": "pid"}, {"type": "ipc", "path": "/proc/7/ns/ipc"}]));
+        assert!(refuse_shared_pid_namespace(&own).is_ok());
+        let shared = cfg(serde_json::json!([{"type": "pid", "path": "/proc/7/ns/pid"}]));
+        let e = refuse_shared_pid_namespace(&shared).expect_err("refused");
+        assert!(matches!(e, SandboxError::Unimplemented(_)), "{e:?}");
+        assert!(e.to_string().contains("shareProcessNamespace"), "{e}");
     }
 
     #[test]

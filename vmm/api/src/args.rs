@@ -309,6 +309,7 @@ mod tests {
             serial_log: Some("/s/console log".into()),
             api: Some("/s/a".into()),
             paused: true,
+            disk_slots: 3,
             ..VmmArgs::boot("/k".into())
         };
         round_trip(&a);
@@ -325,6 +326,12 @@ mod tests {
             argv.windows(2).any(|w| w == ["--disk", "/odd:ro:rw"]),
             "{argv:?}"
         );
+        assert!(
+            argv.windows(2).any(|w| w == ["--disk-slots", "3"]),
+            "{argv:?}"
+        );
+        // The snapshot has its slots: a restore takes none.
+        assert!(VmmArgs::parse_argv(["run", "--restore", "/s", "--disk-slots", "2"]).is_err());
     }
 
     #[test]

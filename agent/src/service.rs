@@ -124,6 +124,7 @@ impl AgentService {
                 rootfs: rootfs_c,
                 hostname,
                 pid: pid_masks,
+                join: container::pod_namespaces(&spec)?,
             };
             container::start_process("", process, &rootfs_path, ns, &seccomp, req.stdin, true).await
         }

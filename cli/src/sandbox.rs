@@ -51,7 +51,8 @@ pub fn sandbox_dir(root: &Path, namespace: &str, id: &str) -> Result<PathBuf> {
 pub fn request(dir: &Path, req: &SandboxRequest, timeout: Duration) -> Result<SandboxReply> {
     let cmd = req.name();
     let sock = control_socket(dir);
-    let mut s = UnixStream::connect(&sock)
+    let mut s = burrow_vmm_api::sockpath::SocketPath::new(&sock)
+        .and_then(|p| UnixStream::connect(p.path()))
         .with_context(|| format!("connecting to {} (is the sandbox running?)", sock.display()))?;
     s.set_read_timeout(Some(timeout))?;
     s.write_all(&burrow_vmm_api::to_line(req))?;

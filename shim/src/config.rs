@@ -17,6 +17,7 @@
 //! vmm_jail = true    # run burrow-vmm jailed (namespaces, no privileges)
 //! vmm_uid = 64100    # the jailed VMM's uid and gid (no account needed)
 //! vmm_gid = 64100
+//! pod_disk_slots = 8          # a CRI pod's containers besides its sandbox (1..=16)
 //!
 //! [vcpus]
 //! default = 1
@@ -93,6 +94,9 @@ pub struct Config {
     pub rootfs_slack_mib: u64,
     pub snapshot_dir: PathBuf,
     pub hibernate_idle_secs: u64,
+    /// Empty block slots a CRI pod's VM boots with: one per container of
+    /// the pod (the sandbox has the boot disk).
+    pub pod_disk_slots: u32,
     pub vcpus: Bounds<u32>,
     pub memory_mib: MemoryBounds,
     /// Run burrow-vmm in its jail (see `burrow_vmm_api::jail`); off only
@@ -116,6 +120,7 @@ impl Default for Config {
             rootfs_slack_mib: 256,
             snapshot_dir: PathBuf::from("/var/lib/burrow/snapshots"),
             hibernate_idle_secs: 0,
+            pod_disk_slots: 8,
             vcpus: Bounds::default(),
             memory_mib: MemoryBounds::default(),
             vmm_jail: true,
@@ -155,6 +160,11 @@ impl Config {
         }
         if cfg.memory_mib.min < 64 || cfg.memory_mib.min > cfg.memory_mib.max {
             return bad("memory_mib: want 64 <= min <= max");
+        }
+        // The VMM has 19 interrupt lines for virtio devices: the boot disk,
+        // vsock and a NIC take three.
+        if !(1..=16).contains(&cfg.pod_disk_slots) {
+            return bad("pod_disk_slots: want 1..=16");
         }
         if cfg.kernel_cmdline.len() > 2048 {
             return bad("kernel_cmdline is longer than 2048 bytes");

@@ -322,6 +322,16 @@ impl Containerd {
         v
     }
 
+    /// containerd's gRPC socket (the CRI plugin serves on it too).
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// This containerd's scratch directory (config, logs, state).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// burrow's state directory for this containerd.
     pub fn burrow_state(&self) -> PathBuf {
         self.dir.join("burrow")

@@ -6,6 +6,7 @@
 //! that says why instead of passing by skipping themselves.
 
 pub mod containerd;
+pub mod cri;
 pub mod devmapper;
 pub mod jailed;
 pub mod ps;

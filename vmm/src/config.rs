@@ -36,6 +36,8 @@ pub struct VmConfig {
     pub initrd: Option<PathBuf>,
     pub cmdline: String,
     pub disks: Vec<DiskConfig>,
+    /// Empty block slots after the disks (filled through the control API).
+    pub disk_slots: u32,
     pub vsock: Option<VsockConfig>,
     pub net: Option<NetConfig>,
     pub vcpus: u8,
@@ -52,6 +54,7 @@ impl VmConfig {
             initrd: None,
             cmdline: DEFAULT_CMDLINE.into(),
             disks: Vec::new(),
+            disk_slots: 0,
             vsock: None,
             net: None,
             vcpus: 1,

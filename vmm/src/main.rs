@@ -106,7 +106,7 @@ fn bind_api(args: &RunArgs) -> anyhow::Result<Option<UnixListener>> {
                     .with_context(|| format!("removing stale {}", p.display()))?;
             }
             Some(
-                UnixListener::bind(p)
+                UnixListener::bind(burrow_vmm_api::sockpath::SocketPath::new(p)?.path())
                     .with_context(|| format!("binding API socket {}", p.display()))?,
             )
         }
@@ -116,7 +116,10 @@ fn bind_api(args: &RunArgs) -> anyhow::Result<Option<UnixListener>> {
 
 fn serial_config(args: &RunArgs) -> (SerialOutput, bool) {
     let out = match &args.serial_log {
-        Some(p) => SerialOutput::File { path: p.clone(), max_bytes: args.serial_log_max },
+        Some(p) => SerialOutput::File {
+            path: p.clone(),
+            max_bytes: args.serial_log_max,
+        },
         None => SerialOutput::Stdout,
     };
     // SAFETY: isatty only inspects the descriptor.
@@ -166,6 +169,7 @@ fn build(args: &RunArgs) -> anyhow::Result<(Vmm, Option<UnixListener>)> {
     }
     config.disks = args.disks.clone();
     config.net = args.net.clone();
+    config.disk_slots = args.disk_slots;
     config.vsock = args.vsock.as_ref().map(|p| VsockConfig {
         uds_path: p.clone(),
         guest_cid: args.cid,

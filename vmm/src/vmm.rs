@@ -9,6 +9,7 @@
 //! it is stopped, as in Firecracker.
 
 mod restoring;
+mod slots;
 mod snapshotting;
 
 pub use restoring::{check_restore, RestoreConfig};
@@ -170,7 +171,8 @@ impl Vmm {
                 config.mem_mib
             )));
         }
-        let devices_wanted = config.disks.len()
+        let slots = usize::try_from(config.disk_slots).unwrap_or(usize::MAX);
+        let devices_wanted = config.disks.len().saturating_add(slots)
             + usize::from(config.vsock.is_some())
             + usize::from(config.net.is_some());
         if devices_wanted > (IRQ_MAX - IRQ_VIRTIO_START + 1) as usize {
@@ -207,6 +209,9 @@ impl Vmm {
         let mut virtio: Vec<Box<dyn VirtioDevice>> = Vec::new();
         for d in &config.disks {
             virtio.push(Box::new(Block::open(&d.path, d.read_only)?));
+        }
+        for n in 0..config.disk_slots {
+            virtio.push(Box::new(Block::slot(n)));
         }
         if let Some(v) = &config.vsock {
             virtio.push(Box::new(Vsock::new(v.guest_cid, &v.uds_path)?));
@@ -392,6 +397,11 @@ impl Vmm {
                 s => Response::err(ApiError::new(ApiErrorKind::InvalidState, format!("cannot resume: VM is {s:?}"))),
             },
             Command::Stop => return Err(ExitReason::Stopped),
+            Command::AttachDisk { slot, path, read_only } => {
+                let passed = std::mem::take(files).into_iter().next();
+                self.attach_disk(slot, Some((&path, read_only)), passed)
+            }
+            Command::DetachDisk { slot } => self.attach_disk(slot, None, None),
             Command::Snapshot { dir, incremental } => match snapshot_files(files).and_then(|f| self.snapshot(&dir, incremental, f, events)) {
                 Ok(info) => Response::snapshot(self.state, info),
                 Err(e) => {

@@ -402,3 +402,86 @@ fn the_vm_ends_with_its_parent_when_asked() {
         }
     }
 }
+
+/// A guest spins on slot 0's capacity (config space, low 32 bits) until
+/// the host attaches a file through the control API, then prints it.
+#[test]
+fn block_slot_attached_through_the_api_shows_its_capacity() {
+    let d = tmpdir("slots");
+    let disk = d.join("c1.img");
+    std::fs::write(&disk, vec![0u8; 8 * 512]).unwrap();
+    // l: mov eax, [0xd0000100]; test eax, eax; jz l
+    let mut code = vec![0xa1, 0x00, 0x01, 0x00, 0xd0, 0x85, 0xc0, 0x74, 0xf7];
+    code.extend_from_slice(&[0x66, 0xba, 0xf8, 0x03]); // mov dx, 0x3f8
+    code.extend_from_slice(&[0x04, b'0', 0xee, 0xb0, b'\n', 0xee]); // add al, '0'; out; '\n'
+    code.extend_from_slice(&RESET);
+    let k = kernel(&d, &code, true);
+    let api = d.join("api.sock");
+    let mut cmd = vmm(&[
+        "--kernel",
+        k.to_str().unwrap(),
+        "--disk-slots",
+        "2",
+        "--api",
+        api.to_str().unwrap(),
+    ]);
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    let stream = loop {
+        if let Ok(s) = UnixStream::connect(&api) {
+            break s;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "API socket never appeared"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut s = BufReader::new(stream);
+    let mut send = |line: String| {
+        s.get_mut()
+            .write_all(format!("{line}\n").as_bytes())
+            .unwrap();
+        loop {
+            let mut reply = String::new();
+            s.read_line(&mut reply).unwrap();
+            if reply.starts_with("{\"ok\"") {
+                return reply;
+            }
+        }
+    };
+    let attach = |slot: u32, path: &Path| {
+        format!(
+            "{{\"cmd\":\"attach_disk\",\"slot\":{slot},\"path\":{:?}}}",
+            path.display().to_string()
+        )
+    };
+    let r = send(attach(2, &disk));
+    assert!(
+        r.contains("not_found") && r.contains("no block slot 2"),
+        "{r}"
+    );
+    let r = send(attach(0, &d.join("missing.img")));
+    assert!(r.contains("\"ok\":false") && r.contains("not_found"), "{r}");
+    let r = send(attach(0, &disk));
+    assert!(r.contains("\"ok\":true"), "{r}");
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("8\n"),
+        "the guest saw 8 sectors: {stdout:?}"
+    );
+}

@@ -205,6 +205,7 @@ async fn spawn_chromium(spec: &oci_spec::runtime::Spec, root: &Path) -> Result<S
             hostname: None,
             // Chromium's sandbox makes the PID namespaces it wants.
             pid: None,
+            join: Vec::new(),
         },
     )?;
     let pipe =

@@ -14,8 +14,10 @@
 
 mod mounts;
 mod plan;
+mod podns;
 mod pty;
 pub mod seccomp;
+mod slot;
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
@@ -33,6 +35,7 @@ use crate::spawn::{self, ChildStdio, Namespaces};
 
 pub use mounts::{mount_container, unmount_container};
 pub use plan::{parse_process, parse_spec, pid_namespace, plan};
+pub use podns::pod_namespaces;
 use pty::{open_pty, pty_parent};
 
 /// A container, or the guest itself (id "").

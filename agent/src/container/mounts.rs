@@ -237,10 +237,11 @@ fn mount_container_inner(
     mkdir(target)?;
     let (flags, _, data) = parse_options(&rootfs.options);
     let data_opt = (!data.is_empty()).then_some(data.as_str());
-    let source = rootfs.source.as_str();
-    if source.is_empty() {
+    if rootfs.source.is_empty() {
         return Err(invalid("rootfs.source is empty"));
     }
+    let source = &super::slot::resolve(&rootfs.source)?;
+    let source = source.as_str();
     let lower = if rootfs.writable_overlay {
         bundle.join("lower")
     } else {

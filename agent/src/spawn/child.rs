@@ -231,8 +231,16 @@ pub(super) unsafe fn child_main(
                 rootfs,
                 hostname,
                 pid,
+                join,
             } => {
-                if libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWUTS | libc::CLONE_NEWIPC) < 0 {
+                let mut new = libc::CLONE_NEWNS | libc::CLONE_NEWUTS | libc::CLONE_NEWIPC;
+                for (fd, kind) in join {
+                    if libc::setns(fd.as_raw_fd(), *kind) < 0 {
+                        fail(status, "join the pod's namespaces", errno());
+                    }
+                    new &= !*kind;
+                }
+                if libc::unshare(new) < 0 {
                     fail(status, "unshare namespaces", errno());
                 }
                 if libc::mount(
@@ -257,7 +265,8 @@ pub(super) unsafe fn child_main(
                 if libc::chdir(c"/".as_ptr()) < 0 {
                     fail(status, "chdir /", errno());
                 }
-                if let Some(h) = hostname {
+                // In the pod's UTS namespace the sandbox owns the name.
+                if let Some(h) = hostname.as_ref().filter(|_| new & libc::CLONE_NEWUTS != 0) {
                     if libc::sethostname(h.as_ptr(), h.as_bytes().len()) < 0 {
                         fail(status, "sethostname", errno());
                     }

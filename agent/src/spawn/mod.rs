@@ -57,6 +57,9 @@ pub enum Namespaces {
         rootfs: CString,
         hostname: Option<CString>,
         pid: Option<ProcMasks>,
+        /// A pod's IPC and UTS namespaces to join instead of new ones
+        /// (fd, CLONE_NEW* type).
+        join: Vec<(OwnedFd, libc::c_int)>,
     },
     /// Join a running container through fds of its init's namespaces
     /// (`fds`: set up in the child) and PID namespace (`pid`: entered by

@@ -105,7 +105,7 @@ pub async fn connect_once(addr: &AgentAddr) -> std::result::Result<AgentClient, 
         AgentAddr::Vsock { path, port } => (path.as_path(), Some(*port)),
         AgentAddr::Unix(path) => (path.as_path(), None),
     };
-    let mut stream = UnixStream::connect(path)
+    let mut stream = super::vmm::connect(path)
         .await
         .map_err(|err| ConnectError::Io {
             path: path.display().to_string(),

@@ -77,7 +77,9 @@ impl VmSandbox {
             .unwrap_or(0);
         let sock = self.path(CONTROL_SOCKET);
         let _ = std::fs::remove_file(&sock);
-        match UnixListener::bind(&sock) {
+        let bound = burrow_vmm_api::sockpath::SocketPath::new(&sock)
+            .and_then(|p| UnixListener::bind(p.path()));
+        match bound {
             Ok(l) => {
                 tokio::spawn(serve_control(self.me.clone(), l));
             }

@@ -12,9 +12,9 @@
 //! container registry and the [`Sandbox`] calls, which reach the guest
 //! through the handle the lifecycle's phase holds.
 //!
-//! Limits for now: one container per VM (the VMM cannot hot-plug the disk a
-//! second container would need); Update of resources is refused (no vCPU or
-//! memory hotplug).
+//! A CRI pod is one VM holding all of the pod's containers ([`pod`]); any
+//! other container gets a VM of its own. Update of resources is refused
+//! (no vCPU or memory hotplug).
 
 pub mod agent;
 pub mod checkpoint;
@@ -26,6 +26,7 @@ pub mod launch;
 pub mod lifecycle;
 pub mod named;
 pub mod net;
+pub mod pod;
 pub mod rootfs;
 pub mod snapshot;
 pub mod sparse;
@@ -53,8 +54,6 @@ use self::vmm::{DiskArg, VmmArgs, VmmLaunch};
 
 /// The guest device the first disk appears as.
 pub const GUEST_ROOT_DEVICE: &str = "/dev/vda";
-/// Longest unix socket path (sun_path less its NUL).
-const MAX_SOCKET_PATH: usize = 107;
 
 /// A VM-backed sandbox.
 pub struct VmSandbox {
@@ -66,10 +65,22 @@ pub struct VmSandbox {
     net: tokio::sync::Mutex<Option<net::SandboxNet>>,
     /// What each container runs on and is known by in the guest.
     containers: std::sync::Mutex<HashMap<String, Contents>>,
+    /// A pod's block slots and the containers in them.
+    slots: pod::Slots,
     /// Last exec, stdio traffic or RPC (for hibernate-on-idle).
     last_activity: std::sync::Mutex<Instant>,
     /// Itself, for the tasks it spawns (idle timer, control socket).
     me: Weak<VmSandbox>,
+}
+
+/// Whether container `c`'s root filesystem is mounted read-only.
+fn wants_read_only(c: &ContainerConfig, rootfs: &GuestRootfs) -> bool {
+    rootfs.read_only
+        || c.spec
+            .get("root")
+            .and_then(|r| r.get("readonly"))
+            .and_then(serde_json::Value::as_bool)
+            == Some(true)
 }
 
 /// The state directory of a sandbox.
@@ -144,6 +155,7 @@ impl VmSandbox {
             ),
             net: tokio::sync::Mutex::new(None),
             containers: std::sync::Mutex::new(HashMap::new()),
+            slots: pod::Slots::default(),
             last_activity: std::sync::Mutex::new(Instant::now()),
             me: me.clone(),
         })
@@ -187,29 +199,15 @@ impl VmSandbox {
         Ok(self.vm.awake().await?.agent.clone())
     }
 
-    /// Check the lengths of the socket paths in the state directory.
-    fn check_socket_paths(&self) -> Result<()> {
-        for p in [self.path("vsock.sock"), self.path("api.sock")] {
-            // The VMM appends "_<port>" for guest-initiated connections.
-            if p.as_os_str().len() + 12 > MAX_SOCKET_PATH {
-                return Err(SandboxError::InvalidArgument(format!(
-                    "socket path {} is too long for a unix socket: use a shorter state_dir",
-                    p.display()
-                )));
-            }
-        }
-        Ok(())
-    }
-
     /// Refuse (saying `why`) when this sandbox has a VM or a container
-    /// already: a burrow VM runs one container for now.
+    /// already: only a CRI pod's containers share a VM.
     fn require_no_container(&self, why: &str) -> Result<()> {
         let no_vm = matches!(self.vm.phase(), Phase::Empty | Phase::Gone(_));
         if no_vm && self.registry().is_empty() {
             Ok(())
         } else {
             Err(SandboxError::Unimplemented(format!(
-                "a burrow VM runs one container for now: {why}"
+                "this burrow VM has its container already: {why}"
             )))
         }
     }
@@ -275,18 +273,8 @@ impl VmSandbox {
         r
     }
 
-    async fn create_inner(&self, cfg: &Config, c: &ContainerConfig) -> Result<u32> {
-        std::fs::create_dir_all(&self.dir)
-            .map_err(|e| SandboxError::Internal(format!("creating {}: {e}", self.dir.display())))?;
-        jail::share_state_dir(cfg, &self.dir)?;
-        self.check_socket_paths()?;
-        if !cfg.kernel.is_file() {
-            return Err(SandboxError::FailedPrecondition(format!(
-                "guest kernel {} is missing: run `burrow install` or set `kernel` in {}",
-                cfg.kernel.display(),
-                crate::config::DEFAULT_PATH
-            )));
-        }
+    /// The spec the guest gets for container `c`, and its JSON (bounded).
+    fn guest_spec(&self, c: &ContainerConfig) -> Result<(serde_json::Value, Vec<u8>)> {
         let (guest_spec, stripped) = spec::for_guest(&c.spec);
         if !stripped.items.is_empty() {
             tracing::info!(
@@ -302,6 +290,23 @@ impl VmSandbox {
                 "the OCI spec is too large".into(),
             ));
         }
+        Ok((guest_spec, spec_json))
+    }
+
+    /// Boot the VM for container `c` on its rootfs, with `slots` empty
+    /// block slots (a pod's further containers).
+    async fn create_inner(&self, cfg: &Config, c: &ContainerConfig, slots: u32) -> Result<u32> {
+        std::fs::create_dir_all(&self.dir)
+            .map_err(|e| SandboxError::Internal(format!("creating {}: {e}", self.dir.display())))?;
+        jail::share_state_dir(cfg, &self.dir)?;
+        if !cfg.kernel.is_file() {
+            return Err(SandboxError::FailedPrecondition(format!(
+                "guest kernel {} is missing: run `burrow install` or set `kernel` in {}",
+                cfg.kernel.display(),
+                crate::config::DEFAULT_PATH
+            )));
+        }
+        let (guest_spec, spec_json) = self.guest_spec(c)?;
         let rootfs = rootfs::prepare(
             c,
             &self.path(&format!("{}.rootfs.img", c.id)),
@@ -316,12 +321,7 @@ impl VmSandbox {
                 spec: guest_spec,
             },
         );
-        let read_only = rootfs.read_only
-            || c.spec
-                .get("root")
-                .and_then(|r| r.get("readonly"))
-                .and_then(serde_json::Value::as_bool)
-                == Some(true);
+        let read_only = wants_read_only(c, &rootfs);
         let guest_rootfs = pb::Rootfs {
             source: GUEST_ROOT_DEVICE.into(),
             fstype: rootfs.fstype.clone(),
@@ -330,13 +330,15 @@ impl VmSandbox {
             ..Default::default()
         };
         let size = spec::vm_size(&c.spec, cfg);
-        let args = self.vmm_args(
+        let mut args = self.vmm_args(
             cfg,
             (rootfs.disk.clone(), rootfs.read_only),
             (size.vcpus, size.memory_mib),
             None,
             &c.spec,
         )?;
+        args.args.disk_slots = slots;
+        self.slots.reset(slots);
         let args = self.with_network(&c.spec, args).await?;
         tracing::info!(
             "booting VM: {} vCPUs, {} MiB, {}",
@@ -362,7 +364,6 @@ impl VmSandbox {
             intake::Origin::Containerd
         };
         let files = intake::take(dir, &manifest, cfg, origin)?;
-        self.check_socket_paths()?;
         std::fs::create_dir_all(&self.dir)
             .map_err(|e| SandboxError::Internal(format!("creating {}: {e}", self.dir.display())))?;
         jail::share_state_dir(cfg, &self.dir)?;
@@ -454,8 +455,13 @@ impl VmSandbox {
 impl Sandbox for VmSandbox {
     async fn create_container(&self, c: &ContainerConfig) -> Result<u32> {
         let cfg = self.cfg()?.clone();
-        self.require_no_container("a second container would need disk hotplug")?;
-        self.creating(c, self.create_inner(&cfg, c)).await
+        let slots = match pod::role(&c.spec) {
+            pod::Role::Member => return self.create_in_pod(&cfg, c).await,
+            pod::Role::Sandbox => cfg.pod_disk_slots,
+            pod::Role::Alone => 0,
+        };
+        self.require_no_container("a container outside a CRI pod has its VM to itself")?;
+        self.creating(c, self.create_inner(&cfg, c, slots)).await
     }
 
     async fn restore_container(&self, c: &ContainerConfig, dir: &Path) -> Result<u32> {
@@ -488,8 +494,9 @@ impl Sandbox for VmSandbox {
                 Err(e) => tracing::warn!("{id}: agent DeleteContainer: {e}"),
             }
         }
+        self.release_slot(id).await;
         self.drop_container_files(id);
-        // One container per VM: the VM goes with it.
+        // The last container (a pod's sandbox goes last): the VM goes with it.
         if self.registry().is_empty() {
             self.vm.stop(Gone::Stopped).await;
         }

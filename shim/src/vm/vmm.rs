@@ -178,7 +178,7 @@ impl Vmm {
             if self.exit_reason().is_some() {
                 return Err(self.exit_error("starting", "no API socket"));
             }
-            if UnixStream::connect(&self.api).await.is_ok() {
+            if connect(&self.api).await.is_ok() {
                 return Ok(());
             }
             if start.elapsed() > timeout {
@@ -284,18 +284,24 @@ fn snapshot_files(dir: &Path) -> Result<(PathBuf, [File; 2])> {
     Ok((dir, files))
 }
 
+/// Connect to the unix socket at `path`, however long.
+pub async fn connect(path: &Path) -> std::io::Result<UnixStream> {
+    let p = burrow_vmm_api::sockpath::SocketPath::new(path)?;
+    UnixStream::connect(p.path()).await
+}
+
 /// Send `cmd` to the API socket at `api` and read its response.
 pub async fn command_at(api: &Path, cmd: Command) -> Result<Answer> {
     command_at_with(api, cmd, &[]).await
 }
 
 /// [`command_at`], passing `files` with the request (`SCM_RIGHTS`).
-async fn command_at_with(api: &Path, cmd: Command, files: &[File]) -> Result<Answer> {
+pub async fn command_at_with(api: &Path, cmd: Command, files: &[File]) -> Result<Answer> {
     let name = format!("{cmd:?}");
     let io = |e: std::io::Error| {
         SandboxError::Unavailable(format!("burrow-vmm API {}: {e}", api.display()))
     };
-    let stream = UnixStream::connect(api).await.map_err(io)?;
+    let stream = connect(api).await.map_err(io)?;
     let line = burrow_vmm_api::to_line(&Request::from(cmd));
     let stream = if files.is_empty() {
         let mut stream = stream;

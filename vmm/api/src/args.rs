@@ -3,7 +3,8 @@
 //! same type with clap ([`Cli`]).
 //!
 //! `burrow-vmm run --kernel PATH [--initrd PATH] [--cmdline STR] [--append STR]...
-//! [--disk PATH[:ro]]... [--net fd=N|tap=NAME,mac=MAC] [--vsock PATH] [--cid N] [--vcpus N] [--mem MiB]
+//! [--disk PATH[:ro]]... [--disk-slots N] [--net fd=N|tap=NAME,mac=MAC] [--vsock PATH] [--cid N]
+//! [--vcpus N] [--mem MiB]
 //! [--serial-log PATH] [--api PATH] [--paused] [--exit-with-parent]` boots a VM;
 //! `burrow-vmm run --restore DIR [--disk PATH]... [--vsock PATH]
 //! [--serial-log PATH] [--api PATH] [--paused] [--exit-with-parent]` rebuilds one from a
@@ -71,7 +72,7 @@ pub struct VmmArgs {
     /// instead of booting. `--disk` then replaces the recorded disk paths
     /// (in order; sizes must match; the read-only flag comes from the
     /// snapshot), `--vsock` the recorded socket path.
-    #[arg(long, conflicts_with_all = ["kernel", "initrd", "cmdline", "append", "vcpus", "mem_mib", "cid"])]
+    #[arg(long, conflicts_with_all = ["kernel", "initrd", "cmdline", "append", "vcpus", "mem_mib", "cid", "disk_slots"])]
     pub restore: Option<PathBuf>,
     /// initramfs (newc cpio, optionally compressed as the kernel supports).
     #[arg(long)]
@@ -89,6 +90,10 @@ pub struct VmmArgs {
     /// `tap=NAME,mac=MAC`; on a restore it replaces the recorded tap.
     #[arg(long)]
     pub net: Option<crate::NetArg>,
+    /// Empty block slots after the disks (guest `vd*` in that order, serial
+    /// `burrow-slot-<n>`), filled and emptied through the control API.
+    #[arg(long, default_value_t = 0)]
+    pub disk_slots: u32,
     /// Host side of vsock: unix socket path (guest connections go to PATH_<port>).
     #[arg(long)]
     pub vsock: Option<PathBuf>,
@@ -137,6 +142,7 @@ impl VmmArgs {
             append: Vec::new(),
             disks: Vec::new(),
             net: None,
+            disk_slots: 0,
             vsock: None,
             cid: DEFAULT_CID,
             vcpus: DEFAULT_VCPUS,
@@ -186,6 +192,9 @@ impl VmmArgs {
                 flag("cid", self.cid.to_string().into());
                 flag("vcpus", self.vcpus.to_string().into());
                 flag("mem", self.mem_mib.to_string().into());
+                if self.disk_slots > 0 {
+                    flag("disk-slots", self.disk_slots.to_string().into());
+                }
             }
         }
         for d in &self.disks {
@@ -315,6 +324,7 @@ mod tests {
             serial_log: Some("/s/console log".into()),
             api: Some("/s/a".into()),
             paused: true,
+            disk_slots: 3,
             ..VmmArgs::boot("/k".into())
         };
         round_trip(&a);
@@ -331,6 +341,12 @@ mod tests {
             argv.windows(2).any(|w| w == ["--disk", "/odd:ro:rw"]),
             "{argv:?}"
         );
+        assert!(
+            argv.windows(2).any(|w| w == ["--disk-slots", "3"]),
+            "{argv:?}"
+        );
+        // The snapshot has its slots: a restore takes none.
+        assert!(VmmArgs::parse_argv(["run", "--restore", "/s", "--disk-slots", "2"]).is_err());
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //! | [`net`] | `--net`: the guest NIC's tap and MAC |
 //! | [`layout`] | file names and limits of snapshot and checkpoint directories |
 //! | [`sandbox_control`] | the shim's control socket that `burrow sandbox` talks to |
+//! | [`sockpath`] | unix socket paths longer than `sun_path` (CRI's ids) |
 
 pub mod args;
 pub mod error;
@@ -21,6 +22,7 @@ pub mod messages;
 pub mod net;
 pub mod sandbox_control;
 pub mod sandbox_tools;
+pub mod sockpath;
 
 pub use args::{
     Cli, DiskArg, VmmArgs, VmmCommand, BASE_CMDLINE, DEFAULT_LOG_MAX, DEFAULT_SERIAL_LOG_MAX,

@@ -6,6 +6,7 @@
 //! ```text
 //! {"cmd":"pause"}                                  -> {"ok":true,"state":"paused"}
 //! {"cmd":"snapshot","dir":"/s","incremental":false} -> {"ok":true,"state":"paused","snapshot":{...}}
+//! {"cmd":"attach_disk","slot":0,"path":"/c.img","read_only":false} -> {"ok":true,"state":"running"}
 //! {"cmd":"resume"} (VM exited)                     -> {"ok":false,"error":{"kind":"invalid_state","message":"..."}}
 //! events: {"event":"paused"}, {"event":"exit","reason":"poweroff","success":true}, ...
 //! ```
@@ -38,6 +39,20 @@ pub enum Command {
         dir: PathBuf,
         #[serde(default)]
         incremental: bool,
+    },
+    /// Back block slot `slot` (`--disk-slots`) with `path`, replacing what
+    /// it had; the guest sees the new capacity (config-change interrupt).
+    #[serde(rename = "attach_disk")]
+    AttachDisk {
+        slot: u32,
+        path: PathBuf,
+        #[serde(default)]
+        read_only: bool,
+    },
+    /// Empty block slot `slot` (its capacity becomes 0).
+    #[serde(rename = "detach_disk")]
+    DetachDisk {
+        slot: u32,
     },
 }
 
@@ -199,6 +214,19 @@ mod tests {
             }
         );
         assert!(parse(br#"{"cmd":"snapshot"}"#).is_err(), "dir is required");
+        assert_eq!(
+            parse(br#"{"cmd":"attach_disk","slot":2,"path":"/c.img"}"#).unwrap(),
+            Command::AttachDisk {
+                slot: 2,
+                path: "/c.img".into(),
+                read_only: false
+            }
+        );
+        assert_eq!(
+            parse(br#"{"cmd":"detach_disk","slot":0}"#).unwrap(),
+            Command::DetachDisk { slot: 0 }
+        );
+        assert!(parse(br#"{"cmd":"attach_disk","slot":-1,"path":"/c"}"#).is_err());
         assert!(parse(b"\xff").is_err());
         // What a client writes is what the VMM parses.
         let cmd = Command::Snapshot {

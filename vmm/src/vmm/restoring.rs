@@ -54,10 +54,15 @@ pub fn check_restore(opts: &RestoreConfig, state: &MicrovmState) -> Result<(), V
         .devices
         .iter()
         .filter_map(|d| match &d.device {
-            DeviceState::Block(b) => Some(b),
+            DeviceState::Block(b) if b.slot.is_none() => Some(b),
             _ => None,
         })
         .collect();
+    // Slots come back with what was attached (checked like a disk).
+    let slots = state.devices.iter().filter_map(|d| match &d.device {
+        DeviceState::Block(b) if b.slot.is_some() && !b.path.as_os_str().is_empty() => Some(b),
+        _ => None,
+    });
     if !opts.disks.is_empty() && opts.disks.len() != disks.len() {
         return Err(VmmError::Restore(format!(
             "{} disk paths given, the snapshot has {} disks",
@@ -65,8 +70,8 @@ pub fn check_restore(opts: &RestoreConfig, state: &MicrovmState) -> Result<(), V
             disks.len()
         )));
     }
-    for (i, b) in disks.iter().enumerate() {
-        let path = opts.disks.get(i).unwrap_or(&b.path);
+    let given = disks.iter().enumerate().map(|(i, b)| (opts.disks.get(i).unwrap_or(&b.path), *b));
+    for (path, b) in given.chain(slots.map(|b| (&b.path, b))) {
         let len = std::fs::File::open(path)
             .and_then(|f| crate::devices::virtio::block::disk_bytes(&f))
             .map_err(|e| VmmError::Restore(format!("disk {}: {e}", path.display())))?;
@@ -152,8 +157,13 @@ impl Vmm {
             let ctx = DeviceContext { mem: mem.clone(), irq: w.irq.clone(), acked_features: ms.registers.acked_features };
             let dev: Box<dyn VirtioDevice> = match &ms.device {
                 DeviceState::Block(b) => {
-                    let path = opts.disks.get(disk_no).cloned().unwrap_or_else(|| b.path.clone());
-                    disk_no += 1;
+                    let path = match b.slot {
+                        Some(_) => b.path.clone(),
+                        None => {
+                            disk_no += 1;
+                            opts.disks.get(disk_no - 1).cloned().unwrap_or_else(|| b.path.clone())
+                        }
+                    };
                     Box::new(Block::restore(BlockContext { path, device: ctx }, b).map_err(|e| dev_err(&e))?)
                 }
                 DeviceState::Vsock(v) => {

@@ -15,7 +15,7 @@ use virtio_queue::Queue;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::persist::{restore_queues, DeviceContext, QueueSnap, VirtioPersistError};
-use super::{ActivateError, DeviceError, VIRTIO_MMIO_INT_VRING};
+use super::{ActivateError, DeviceError, VIRTIO_MMIO_INT_CONFIG, VIRTIO_MMIO_INT_VRING};
 use crate::GuestMemoryMmap;
 
 /// Raises the device's interrupt line: sets a bit in the transport's
@@ -54,6 +54,9 @@ pub struct VirtioBase {
     avail_features: u64,
     queue_max_sizes: Vec<u16>,
     config: Vec<u8>,
+    /// Bumped on every config space change (not kept in snapshots: the
+    /// driver only compares two reads around one config access).
+    config_generation: u32,
     active: Option<Active>,
     /// Malformed requests the guest has sent so far.
     pub errors: u64,
@@ -74,6 +77,7 @@ impl VirtioBase {
             avail_features,
             queue_max_sizes: queue_max_sizes.to_vec(),
             config,
+            config_generation: 0,
             active: None,
             errors: 0,
         }
@@ -94,6 +98,21 @@ impl VirtioBase {
     /// Read config space at `offset`; bytes past the end read as 0.
     pub fn read_config(&self, offset: u64, data: &mut [u8]) {
         read_config_bytes(&self.config, offset, data)
+    }
+
+    pub fn config_generation(&self) -> u32 {
+        self.config_generation
+    }
+
+    /// Replace the config space and, once the driver runs, tell it with
+    /// the config-change interrupt.
+    pub fn set_config(&mut self, config: Vec<u8>) -> Result<(), DeviceError> {
+        self.config = config;
+        self.config_generation = self.config_generation.wrapping_add(1);
+        match &self.active {
+            Some(a) => a.irq.trigger(VIRTIO_MMIO_INT_CONFIG),
+            None => Ok(()),
+        }
     }
 
     /// Take over the driver's queues (one per queue the device offers).

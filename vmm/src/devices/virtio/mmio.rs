@@ -192,7 +192,7 @@ impl MmioTransport {
             REG_QUEUE_READY => self.selected_queue().map_or(0, |q| u32::from(q.ready())),
             REG_INTERRUPT_STATUS => self.irq.status.load(Ordering::SeqCst),
             REG_STATUS => self.status,
-            REG_CONFIG_GENERATION => 0,
+            REG_CONFIG_GENERATION => self.device.config_generation(),
             _ => 0,
         };
         data.copy_from_slice(&v.to_le_bytes());

@@ -129,4 +129,13 @@ pub trait VirtioDevice: Send {
     fn on_restored(&mut self) -> Result<(), DeviceError> {
         Ok(())
     }
+    /// Changes of the config space so far (the transport's
+    /// ConfigGeneration register).
+    fn config_generation(&self) -> u32 {
+        self.base().config_generation()
+    }
+    /// The device as a block device (block slots are filled through it).
+    fn as_block_mut(&mut self) -> Option<&mut block::Block> {
+        None
+    }
 }

@@ -74,9 +74,14 @@ pub fn disk_bytes(disk: &File) -> std::io::Result<u64> {
 }
 
 pub struct Block {
+    /// The backing file (empty: an empty slot).
     pub(super) path: PathBuf,
-    pub(super) disk: File,
+    /// `None`: an empty slot (capacity 0).
+    pub(super) disk: Option<File>,
     pub(super) read_only: bool,
+    /// `Some(n)`: slot `n`, whose backing file is attached and detached
+    /// while the VM runs (see `slot.rs`).
+    pub(super) slot: Option<u32>,
     pub(super) capacity: u64,
     pub(super) id: [u8; VIRTIO_BLK_ID_BYTES],
     pub(super) base: VirtioBase,
@@ -85,25 +90,7 @@ pub struct Block {
 impl Block {
     /// Open a raw image. Its size must be a whole number of sectors.
     pub fn open(path: &Path, read_only: bool) -> Result<Self, BlockError> {
-        let disk = OpenOptions::new()
-            .read(true)
-            .write(!read_only)
-            .open(path)
-            .map_err(|source| BlockError::Open {
-                path: path.display().to_string(),
-                source,
-            })?;
-        let len = disk_bytes(&disk).map_err(|source| BlockError::Open {
-            path: path.display().to_string(),
-            source,
-        })?;
-        if len % SECTOR_SIZE != 0 {
-            return Err(BlockError::Size(path.display().to_string()));
-        }
-        let capacity = len / SECTOR_SIZE;
-        let mut id = [0u8; VIRTIO_BLK_ID_BYTES];
-        let name = b"burrow-blk";
-        id[..name.len()].copy_from_slice(name);
+        let (disk, capacity) = open_disk(path, read_only)?;
         let mut features = VIRTIO_F_VERSION_1 | VIRTIO_BLK_F_FLUSH;
         if read_only {
             features |= VIRTIO_BLK_F_RO;
@@ -112,12 +99,34 @@ impl Block {
         let config = capacity.to_le_bytes().to_vec();
         Ok(Self {
             path: path.to_path_buf(),
-            disk,
+            disk: Some(disk),
             read_only,
+            slot: None,
             capacity,
-            id,
+            id: device_id(b"burrow-blk"),
             base: VirtioBase::new(TYPE_BLOCK, features, &[QUEUE_SIZE], config),
         })
+    }
+
+    /// Empty slot `n`: no backing file, capacity 0, read-write offered
+    /// (a read-only attachment is enforced per request). Its serial is
+    /// `burrow-slot-<n>`.
+    pub fn slot(n: u32) -> Self {
+        let features = VIRTIO_F_VERSION_1 | VIRTIO_BLK_F_FLUSH;
+        Self {
+            path: PathBuf::new(),
+            disk: None,
+            read_only: false,
+            slot: Some(n),
+            capacity: 0,
+            id: device_id(format!("burrow-slot-{n}").as_bytes()),
+            base: VirtioBase::new(
+                TYPE_BLOCK,
+                features,
+                &[QUEUE_SIZE],
+                0u64.to_le_bytes().to_vec(),
+            ),
+        }
     }
 
     /// Capacity in 512-byte sectors.
@@ -191,14 +200,14 @@ impl Block {
                     return Err(VIRTIO_BLK_S_IOERR);
                 }
                 let offset = req.sector * SECTOR_SIZE;
-                self.disk
-                    .seek(SeekFrom::Start(offset))
+                let disk = self.disk.as_mut().ok_or(VIRTIO_BLK_S_IOERR)?;
+                disk.seek(SeekFrom::Start(offset))
                     .map_err(|_| VIRTIO_BLK_S_IOERR)?;
                 for &(addr, len) in &req.data {
                     let r = if req.kind == VIRTIO_BLK_T_IN {
-                        mem.read_exact_volatile_from(addr, &mut self.disk, len as usize)
+                        mem.read_exact_volatile_from(addr, disk, len as usize)
                     } else {
-                        mem.write_all_volatile_to(addr, &mut self.disk, len as usize)
+                        mem.write_all_volatile_to(addr, disk, len as usize)
                     };
                     if let Err(e) = r {
                         tracing::warn!("virtio-blk: I/O error: {e}");
@@ -212,8 +221,8 @@ impl Block {
                 })
             }
             VIRTIO_BLK_T_FLUSH => {
-                if !self.read_only {
-                    self.disk.sync_data().map_err(|_| VIRTIO_BLK_S_IOERR)?;
+                if let Some(disk) = self.disk.as_ref().filter(|_| !self.read_only) {
+                    disk.sync_data().map_err(|_| VIRTIO_BLK_S_IOERR)?;
                 }
                 Ok(0)
             }
@@ -229,6 +238,42 @@ impl Block {
             _ => Err(VIRTIO_BLK_S_UNSUPP),
         }
     }
+}
+
+/// Open `path` (read-only or read-write) and measure it in sectors.
+pub(super) fn open_disk(path: &Path, read_only: bool) -> Result<(File, u64), BlockError> {
+    let open_err = |source| BlockError::Open {
+        path: path.display().to_string(),
+        source,
+    };
+    let disk = OpenOptions::new()
+        .read(true)
+        .write(!read_only)
+        .open(path)
+        .map_err(open_err)?;
+    sized_disk(disk, path)
+}
+
+/// An already-open disk (passed to a jailed VMM) and its size in sectors;
+/// `path` names it in errors and the snapshot.
+pub(super) fn sized_disk(disk: File, path: &Path) -> Result<(File, u64), BlockError> {
+    let len = disk_bytes(&disk).map_err(|source| BlockError::Open {
+        path: path.display().to_string(),
+        source,
+    })?;
+    if len % SECTOR_SIZE != 0 {
+        return Err(BlockError::Size(path.display().to_string()));
+    }
+    Ok((disk, len / SECTOR_SIZE))
+}
+
+/// A serial number (`VIRTIO_BLK_T_GET_ID`): `name`, cut to 20 bytes.
+fn device_id(name: &[u8]) -> [u8; VIRTIO_BLK_ID_BYTES] {
+    let mut id = [0u8; VIRTIO_BLK_ID_BYTES];
+    for (d, s) in id.iter_mut().zip(name) {
+        *d = *s;
+    }
+    id
 }
 
 /// Parse a request chain: readable header (16 bytes), data descriptors, and
@@ -281,6 +326,10 @@ pub(crate) fn parse_request(
 
 impl VirtioDevice for Block {
     delegate_base!(base);
+
+    fn as_block_mut(&mut self) -> Option<&mut Block> {
+        Some(self)
+    }
 
     fn process_queue(&mut self, index: usize) -> Result<(), DeviceError> {
         if index != 0 {

@@ -114,7 +114,8 @@ impl Muxer {
         if uds_path.exists() {
             std::fs::remove_file(uds_path)?;
         }
-        let listener = UnixListener::bind(uds_path)?;
+        let listener =
+            UnixListener::bind(burrow_vmm_api::sockpath::SocketPath::new(uds_path)?.path())?;
         listener.set_nonblocking(true)?;
         let epoll = Epoll::new()?;
         epoll.ctl(
@@ -320,7 +321,9 @@ impl Muxer {
             return;
         }
         let path = format!("{}_{}", self.uds_path.display(), hdr.dst_port);
-        let stream = match UnixStream::connect(&path) {
+        let stream = match burrow_vmm_api::sockpath::SocketPath::new(Path::new(&path))
+            .and_then(|p| UnixStream::connect(p.path()))
+        {
             Ok(s) => s,
             Err(e) => {
                 tracing::debug!("vsock: guest connect to {path}: {e}");

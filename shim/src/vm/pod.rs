@@ -1,0 +1,329 @@
+//! A Kubernetes pod in one VM. containerd's CRI plugin creates a pod's
+//! sandbox ("pause") container first and then each of its containers, all
+//! with the annotation `io.kubernetes.cri.sandbox-id`, which the shim's
+//! `start` groups on (one shim, one VM per pod: [`crate::shim::grouping`]).
+//!
+//! - The sandbox container (`io.kubernetes.cri.container-type: sandbox`)
+//!   boots the VM on its own root filesystem (the boot disk) with
+//!   `pod_disk_slots` empty block slots, and runs its image's holder
+//!   process (pause) in the guest: no other guest process.
+//! - Every further container (`container-type: container`) gets its root
+//!   filesystem image attached to a free slot through the VMM's control
+//!   API; the agent finds the disk by its serial (`burrow-slot-<n>`) and
+//!   creates the container with its own mount and (as its spec asks) PID
+//!   namespace, in the sandbox's IPC and UTS namespaces (the spec names
+//!   them as `/proc/<sandbox pid>/ns/...`, and that pid is the guest's);
+//!   all of them share the guest's network. Deleting the container empties
+//!   its slot again.
+//! - A container beyond the slot count is refused (RESOURCE_EXHAUSTED).
+
+use std::os::unix::fs::OpenOptionsExt;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use burrow_protocol::agent as pb;
+use burrow_vmm_api::Command;
+
+use super::checkpoint::Contents;
+use super::{rootfs, vmm, VmSandbox};
+use crate::config::Config;
+use crate::sandbox::{ContainerConfig, Result, SandboxError};
+use crate::spec;
+
+/// The annotation CRI puts on every container: `sandbox` or `container`.
+pub const CRI_CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
+/// How long one attach or detach may take.
+const SLOT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What a container is to its shim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Not a CRI pod's: one container, one VM.
+    Alone,
+    /// A CRI pod's sandbox: boots the pod's VM.
+    Sandbox,
+    /// A container of a CRI pod: joins the running VM.
+    Member,
+}
+
+/// The role the spec's CRI annotations give a container.
+pub fn role(spec: &serde_json::Value) -> Role {
+    match spec::annotation(spec, CRI_CONTAINER_TYPE) {
+        Some("sandbox") => Role::Sandbox,
+        Some("container") => Role::Member,
+        _ => Role::Alone,
+    }
+}
+
+/// The rootfs source the agent resolves to slot `n`'s disk.
+pub fn guest_source(n: u32) -> String {
+    format!("serial:burrow-slot-{n}")
+}
+
+/// Which container holds which block slot of the VM.
+#[derive(Debug, Default)]
+pub struct Slots {
+    owners: Mutex<Vec<Option<String>>>,
+}
+
+impl Slots {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Option<String>>> {
+        self.owners.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The VM booted with `n` empty slots.
+    pub fn reset(&self, n: u32) {
+        *self.lock() = vec![None; usize::try_from(n).unwrap_or(0)];
+    }
+
+    /// Give container `id` the lowest free slot.
+    pub fn take(&self, id: &str) -> Result<u32> {
+        let mut owners = self.lock();
+        let total = owners.len();
+        let free = owners.iter().position(Option::is_none).ok_or_else(|| {
+            SandboxError::ResourceExhausted(format!(
+                "container {id}: the pod's VM has {total} block slots for containers and all are in use (pod_disk_slots in the burrow config)"
+            ))
+        })?;
+        if let Some(o) = owners.get_mut(free) {
+            *o = Some(id.to_string());
+        }
+        u32::try_from(free).map_err(|_| SandboxError::Internal("slot number".into()))
+    }
+
+    /// Free container `id`'s slot; returns its number.
+    pub fn release(&self, id: &str) -> Option<u32> {
+        let mut owners = self.lock();
+        let n = owners.iter().position(|o| o.as_deref() == Some(id))?;
+        if let Some(o) = owners.get_mut(n) {
+            *o = None;
+        }
+        u32::try_from(n).ok()
+    }
+}
+
+/// A pod that shares one PID namespace among its containers
+/// (`shareProcessNamespace`) names the sandbox's in each container's spec;
+/// the agent cannot join a PID namespace for a new container yet, and a
+/// PID namespace of its own would be the wrong answer: refuse it.
+fn refuse_shared_pid_namespace(c: &ContainerConfig) -> Result<()> {
+    let shared = c
+        .spec
+        .pointer("/linux/namespaces")
+        .and_then(|n| n.as_array())
+        .is_some_and(|nss| {
+            nss.iter().any(|n| {
+                n.get("type").and_then(|t| t.as_str()) == Some("pid") && n.get("path").is_some()
+            })
+        });
+    if shared {
+        return Err(SandboxError::Unimplemented(format!(
+            "container {}: sharing the pod's PID namespace (shareProcessNamespace) is not supported by burrow yet",
+            c.id
+        )));
+    }
+    Ok(())
+}
+
+/// Give back the IPC and UTS namespace paths that [`spec::for_guest`]
+/// strips, when they name a process's namespaces (`/proc/<pid>/ns/...`):
+/// a pod member joins its sandbox's.
+pub fn keep_pod_namespaces(spec: &serde_json::Value, guest: &mut serde_json::Value) {
+    let Some(given) = spec.pointer("/linux/namespaces").and_then(|n| n.as_array()) else {
+        return;
+    };
+    let Some(out) = guest
+        .pointer_mut("/linux/namespaces")
+        .and_then(|n| n.as_array_mut())
+    else {
+        return;
+    };
+    for kind in ["ipc", "uts"] {
+        let path = given
+            .iter()
+            .filter(|n| n.get("type").and_then(|t| t.as_str()) == Some(kind))
+            .find_map(|n| n.get("path").and_then(|p| p.as_str()))
+            .filter(|p| {
+                p.strip_prefix("/proc/")
+                    .and_then(|r| r.strip_suffix(&format!("/ns/{kind}")))
+                    .is_some_and(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()))
+            });
+        let (Some(path), Some(ns)) = (
+            path,
+            out.iter_mut()
+                .find(|n| n.get("type").and_then(|t| t.as_str()) == Some(kind)),
+        ) else {
+            continue;
+        };
+        if let Some(o) = ns.as_object_mut() {
+            o.insert("path".into(), serde_json::Value::String(path.to_string()));
+        }
+    }
+}
+
+impl VmSandbox {
+    /// Create a pod member in the running VM (see the module doc).
+    pub(super) async fn create_in_pod(&self, cfg: &Config, c: &ContainerConfig) -> Result<u32> {
+        let handle = match self.vm.phase().handle() {
+            Some(_) => self.vm.awake().await?,
+            None => {
+                return Err(SandboxError::FailedPrecondition(format!(
+                    "container {}: its pod's VM is not running (the sandbox container boots it)",
+                    c.id
+                )))
+            }
+        };
+        refuse_shared_pid_namespace(c)?;
+        let (mut guest_spec, _) = self.guest_spec(c)?;
+        keep_pod_namespaces(&c.spec, &mut guest_spec);
+        let spec_json = serde_json::to_vec(&guest_spec)
+            .ok()
+            .filter(|j| j.len() <= burrow_protocol::MAX_SPEC_BYTES)
+            .ok_or_else(|| SandboxError::InvalidArgument("the OCI spec is too large".into()))?;
+        let slot = self.slots.take(&c.id)?;
+        let r = async {
+            let image = self.path(&format!("{}.rootfs.img", c.id));
+            let rootfs = rootfs::prepare(c, &image, cfg.rootfs_slack_mib).await?;
+            let read_only = super::wants_read_only(c, &rootfs);
+            self.registry().insert(
+                c.id.clone(),
+                Contents {
+                    rootfs: rootfs.clone(),
+                    guest_id: c.id.clone(),
+                    spec: guest_spec,
+                },
+            );
+            // Opened here and passed: a jailed VMM cannot open host paths.
+            let disk = std::fs::File::options()
+                .read(true)
+                .write(!rootfs.read_only)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(&rootfs.disk)
+                .map_err(|e| SandboxError::io(format_args!("opening {}", rootfs.disk.display()), &e))?;
+            self.slot_command_with(
+                Command::AttachDisk {
+                    slot,
+                    path: rootfs.disk.clone(),
+                    read_only: rootfs.read_only,
+                },
+                &[disk],
+            )
+            .await?;
+            tracing::info!("{}: root filesystem in slot {slot}", c.id);
+            let guest_rootfs = pb::Rootfs {
+                source: guest_source(slot),
+                fstype: rootfs.fstype.clone(),
+                options: if read_only { vec!["ro".into()] } else { vec![] },
+                writable_overlay: false,
+                ..Default::default()
+            };
+            handle
+                .agent
+                .create_container(&c.id, &spec_json, guest_rootfs, c.stdin)
+                .await
+        }
+        .await;
+        if r.is_err() {
+            self.release_slot(&c.id).await;
+            self.drop_container_files(&c.id);
+        }
+        r
+    }
+
+    /// Empty container `id`'s slot, if it has one (the VM may be gone).
+    pub(super) async fn release_slot(&self, id: &str) {
+        let Some(slot) = self.slots.release(id) else {
+            return;
+        };
+        if self.vm.phase().handle().is_some() {
+            if let Err(e) = self.slot_command(Command::DetachDisk { slot }).await {
+                tracing::warn!("{id}: emptying slot {slot}: {e}");
+            }
+        }
+    }
+
+    async fn slot_command(&self, cmd: Command) -> Result<()> {
+        self.slot_command_with(cmd, &[]).await
+    }
+
+    async fn slot_command_with(&self, cmd: Command, files: &[std::fs::File]) -> Result<()> {
+        let api = self.path("api.sock");
+        tokio::time::timeout(SLOT_TIMEOUT, vmm::command_at_with(&api, cmd, files))
+            .await
+            .map_err(|_| SandboxError::Timeout("burrow-vmm did not answer a slot change".into()))?
+            .map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roles_follow_the_cri_annotations() {
+        let with = |t: &str| serde_json::json!({"annotations": {CRI_CONTAINER_TYPE: t}});
+        assert_eq!(role(&with("sandbox")), Role::Sandbox);
+        assert_eq!(role(&with("container")), Role::Member);
+        assert_eq!(role(&with("other")), Role::Alone);
+        assert_eq!(role(&serde_json::json!({})), Role::Alone);
+    }
+
+    #[test]
+    fn pod_members_keep_the_sandbox_ipc_and_uts_paths() {
+        let spec = serde_json::json!({"linux": {"namespaces": [
+            {"type": "pid"},
+            {"type": "ipc", "path": "/proc/42/ns/ipc"},
+            {"type": "uts", "path": "/proc/42/ns/uts"},
+            {"type": "network", "path": "/var/run/netns/cni-1"},
+            {"type": "mount"}
+        ]}});
+        let (mut guest, _) = spec::for_guest(&spec);
+        keep_pod_namespaces(&spec, &mut guest);
+        let nss = &guest["linux"]["namespaces"];
+        assert_eq!(nss[1]["path"], "/proc/42/ns/ipc");
+        assert_eq!(nss[2]["path"], "/proc/42/ns/uts");
+        assert!(
+            nss[3].get("path").is_none(),
+            "the network path stays stripped"
+        );
+        let odd = serde_json::json!({"linux": {"namespaces": [
+            {"type": "ipc", "path": "/proc/self/ns/ipc"}
+        ]}});
+        let (mut guest, _) = spec::for_guest(&odd);
+        keep_pod_namespaces(&odd, &mut guest);
+        assert!(guest["linux"]["namespaces"][0].get("path").is_none());
+    }
+
+    #[test]
+    fn a_shared_pid_namespace_is_refused() {
+        let cfg = |nss: serde_json::Value| ContainerConfig {
+            id: "c1".into(),
+            bundle: "/b".into(),
+            spec: serde_json::json!({"linux": {"namespaces": nss}}),
+            rootfs: vec![],
+            stdin: false,
+        };
+        let own =
+            cfg(serde_json::json!([{"type": "pid"}, {"type": "ipc", "path": "/proc/7/ns/ipc"}]));
+        assert!(refuse_shared_pid_namespace(&own).is_ok());
+        let shared = cfg(serde_json::json!([{"type": "pid", "path": "/proc/7/ns/pid"}]));
+        let e = refuse_shared_pid_namespace(&shared).expect_err("refused");
+        assert!(matches!(e, SandboxError::Unimplemented(_)), "{e:?}");
+        assert!(e.to_string().contains("shareProcessNamespace"), "{e}");
+    }
+
+    #[test]
+    fn slots_are_handed_out_and_refused_when_full() {
+        let s = Slots::default();
+        s.reset(2);
+        assert_eq!(s.take("a").expect("a"), 0);
+        assert_eq!(s.take("b").expect("b"), 1);
+        let e = s.take("c").expect_err("full");
+        assert!(matches!(e, SandboxError::ResourceExhausted(_)), "{e:?}");
+        assert!(e.to_string().contains("2 block slots"), "{e}");
+        assert_eq!(s.release("a"), Some(0));
+        assert_eq!(s.release("a"), None);
+        assert_eq!(s.take("c").expect("c"), 0, "a freed slot is reused");
+        assert_eq!(guest_source(1), "serial:burrow-slot-1");
+    }
+}

@@ -3,6 +3,7 @@
 mod check;
 mod containerd_config;
 mod install;
+mod mcp;
 mod sandbox;
 mod tools;
 
@@ -47,6 +48,17 @@ enum Command {
     /// Replace the one occurrence of --old with --new in a file in a
     /// sandbox's container; none or several occurrences change nothing.
     Edit(tools::EditArgs),
+    /// Serve the sandboxes' tools (exec, files, checkpoint) to AI agents as
+    /// a Model Context Protocol server on stdio.
+    Mcp {
+        /// The shims' state directory (default: `state_dir` from the burrow
+        /// config, else /run/burrow).
+        #[arg(long)]
+        state_dir: Option<std::path::PathBuf>,
+        /// containerd namespace of the sandboxes served.
+        #[arg(long, short = 'n', default_value = "default")]
+        namespace: String,
+    },
     /// Sandbox lifecycle: list, hibernate, wake, checkpoint (through each
     /// shim's control socket).
     Sandbox {
@@ -97,6 +109,13 @@ fn main() -> Result<()> {
         Command::Write(a) => tool("write", 1, || tools::write(a)),
         Command::Ls(a) => tool("ls", 1, || tools::ls(a)),
         Command::Edit(a) => tool("edit", 1, || tools::edit(a)),
+        Command::Mcp {
+            state_dir,
+            namespace,
+        } => mcp::serve_stdio(
+            state_dir.unwrap_or_else(sandbox::state_dir_from_config),
+            namespace,
+        ),
         Command::Check => {
             let facts = check::Facts::gather();
             print!("{}", check::report(&facts));

@@ -66,7 +66,7 @@ impl VmSandbox {
             .upgrade()
             .ok_or_else(|| SandboxError::Unavailable("the sandbox is shutting down".into()))?;
         let exec_id = format!("burrow-tool-{}", NEXT.fetch_add(1, Ordering::Relaxed));
-        crate::tools::run_exec(me, &id, &exec_id, process, timeout).await
+        crate::tools::run_exec(me, &id, &exec_id, process, timeout, r.output_cap()).await
     }
 
     async fn tool_read(&self, r: ReadRequest) -> Result<ReadOutput> {

@@ -75,6 +75,16 @@ impl SandboxRequest {
             Self::Edit(_) => "edit",
         }
     }
+
+    /// Longest reply line to read for this request: [`MAX_REPLY`], or for
+    /// an `exec` that asked for more output, both streams at their cap,
+    /// JSON-escaped (at most 6 bytes each), and room for the rest.
+    pub fn reply_limit(&self) -> u64 {
+        match self {
+            Self::Exec(r) => MAX_REPLY.max((r.output_cap() as u64) * 2 * 6 + 64 * 1024),
+            _ => MAX_REPLY,
+        }
+    }
 }
 
 /// The answer to one request.
@@ -170,6 +180,7 @@ mod tests {
             cwd: None,
             env: vec!["A=1".into()],
             timeout_secs: 5,
+            max_output: None,
         });
         let line = crate::to_line(&exec);
         assert_eq!(

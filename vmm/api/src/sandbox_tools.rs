@@ -30,6 +30,10 @@ pub const MAX_WRITE: usize = 1 << 20;
 /// Most bytes of each output stream `exec` returns: the first and the last
 /// half of it, with a marker saying how much was cut between.
 pub const MAX_EXEC_OUTPUT: usize = 32 * 1024;
+/// The largest per-stream cap a caller may ask `exec` for
+/// ([`ExecRequest::max_output`]): `burrow mcp` keeps this much on the host
+/// and pages through it.
+pub const MAX_EXEC_OUTPUT_FULL: usize = 2 << 20;
 /// Most entries one `ls` returns.
 pub const MAX_LS_ENTRIES: u32 = 1000;
 /// `exec`'s timeout when none is given, and the longest one taken.
@@ -51,6 +55,21 @@ pub struct ExecRequest {
     pub env: Vec<String>,
     /// Killed after this long (then the status is [`TIMED_OUT_STATUS`]).
     pub timeout_secs: u64,
+    /// Bytes of each output stream to return (default and least
+    /// [`MAX_EXEC_OUTPUT`], at most [`MAX_EXEC_OUTPUT_FULL`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output: Option<u64>,
+}
+
+impl ExecRequest {
+    /// The per-stream cap this request gets.
+    pub fn output_cap(&self) -> usize {
+        self.max_output.map_or(MAX_EXEC_OUTPUT, |m| {
+            usize::try_from(m)
+                .unwrap_or(MAX_EXEC_OUTPUT_FULL)
+                .clamp(MAX_EXEC_OUTPUT, MAX_EXEC_OUTPUT_FULL)
+        })
+    }
 }
 
 /// Lines `first..=last` (1-based) of a file; `last: None` means "to the
@@ -291,6 +310,24 @@ mod tests {
         for bad in ["0:5", "5:4", "a:b", "", "1:x", "-3:"] {
             assert!(bad.parse::<LineRange>().is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn exec_output_caps_are_clamped() {
+        let mut r = ExecRequest {
+            args: vec!["true".into()],
+            cwd: None,
+            env: vec![],
+            timeout_secs: 1,
+            max_output: None,
+        };
+        assert_eq!(r.output_cap(), MAX_EXEC_OUTPUT);
+        r.max_output = Some(1);
+        assert_eq!(r.output_cap(), MAX_EXEC_OUTPUT);
+        r.max_output = Some(u64::MAX);
+        assert_eq!(r.output_cap(), MAX_EXEC_OUTPUT_FULL);
+        r.max_output = Some(1 << 20);
+        assert_eq!(r.output_cap(), 1 << 20);
     }
 
     #[test]

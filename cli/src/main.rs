@@ -1,5 +1,6 @@
 //! `burrow`: the command-line front of burrow.
 
+mod browse;
 mod check;
 mod containerd_config;
 mod install;
@@ -48,6 +49,17 @@ enum Command {
     /// Replace the one occurrence of --old with --new in a file in a
     /// sandbox's container; none or several occurrences change nothing.
     Edit(tools::EditArgs),
+    /// Load a URL in a sandbox's browser (annotation io.burrow.browser=true)
+    /// and print the page's text; with --text, its visible interactive
+    /// elements with the indexes `click` and `type` take.
+    Browse(browse::BrowseArgs),
+    /// Click element INDEX (from `burrow browse ID --text`) in a sandbox's
+    /// browser; prints the page's text after it.
+    Click(browse::ClickArgs),
+    /// Type TEXT into element INDEX in a sandbox's browser.
+    Type(browse::TypeArgs),
+    /// Write a PNG screenshot of a sandbox's browser page to --out.
+    Screenshot(browse::ScreenshotArgs),
     /// Serve the sandboxes' tools (exec, files, checkpoint) to AI agents as
     /// a Model Context Protocol server on stdio.
     Mcp {
@@ -109,6 +121,10 @@ fn main() -> Result<()> {
         Command::Write(a) => tool("write", 1, || tools::write(a)),
         Command::Ls(a) => tool("ls", 1, || tools::ls(a)),
         Command::Edit(a) => tool("edit", 1, || tools::edit(a)),
+        Command::Browse(a) => tool("browse", 1, || browse::browse(a)),
+        Command::Click(a) => tool("click", 1, || browse::click(a)),
+        Command::Type(a) => tool("type", 1, || browse::type_text(a)),
+        Command::Screenshot(a) => tool("screenshot", 1, || browse::screenshot(a)),
         Command::Mcp {
             state_dir,
             namespace,

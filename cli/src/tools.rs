@@ -39,7 +39,7 @@ pub struct Target {
 
 impl Target {
     /// Send `req`; the tool's result.
-    fn ask(&self, req: &SandboxRequest, timeout: Duration) -> Result<ToolReply> {
+    pub fn ask(&self, req: &SandboxRequest, timeout: Duration) -> Result<ToolReply> {
         let root = self
             .state_dir
             .clone()

@@ -14,6 +14,9 @@
 //! snapshot_dir = "/var/lib/burrow/snapshots"  # hibernated VMs: <dir>/<ns>/<id>
 //! hibernate_idle_secs = 0      # hibernate after this long idle; 0 = never
 //!                              # (annotation io.burrow.hibernate_idle_secs)
+//! browser = false              # attach the browser image to every sandbox
+//!                              # (else annotation io.burrow.browser=true)
+//! browser_image = "/var/lib/burrow/browser.img"  # rootfs/browser-image's erofs
 //!
 //! [vcpus]
 //! default = 1
@@ -92,6 +95,8 @@ pub struct Config {
     pub hibernate_idle_secs: u64,
     pub vcpus: Bounds<u32>,
     pub memory_mib: MemoryBounds,
+    pub browser: bool,
+    pub browser_image: PathBuf,
 }
 
 impl Default for Config {
@@ -110,6 +115,8 @@ impl Default for Config {
             hibernate_idle_secs: 0,
             vcpus: Bounds::default(),
             memory_mib: MemoryBounds::default(),
+            browser: false,
+            browser_image: PathBuf::from("/var/lib/burrow/browser.img"),
         }
     }
 }

@@ -10,6 +10,7 @@
 //! from the guest is bounded by the shim and by the reply limit of the
 //! control socket before it is read into memory here.
 
+pub mod browser;
 pub mod output;
 pub mod redact;
 #[cfg(test)]
@@ -165,7 +166,7 @@ impl Burrow {
             root,
             namespace,
             store: Arc::default(),
-            tool_router: Self::tool_router(),
+            tool_router: Self::tool_router() + Self::browser_router(),
         }
     }
 

@@ -139,9 +139,10 @@ impl Store {
                 )
             })?;
         let text = match stream {
-            "stdout" => &kept.stdout,
+            // A page's text is kept as its "stdout".
+            "stdout" | "text" => &kept.stdout,
             "stderr" => &kept.stderr,
-            other => return Err(format!("stream {other:?} is neither stdout nor stderr")),
+            other => return Err(format!("stream {other:?} is not stdout, stderr or text")),
         };
         if offset > text.len() {
             return Err(format!(

@@ -17,6 +17,7 @@
 //! memory hotplug).
 
 pub mod agent;
+mod browse;
 pub mod checkpoint;
 pub mod hibernate;
 pub mod intake;
@@ -50,6 +51,8 @@ use self::vmm::{DiskArg, VmmArgs, VmmLaunch};
 
 /// The guest device the first disk appears as.
 pub const GUEST_ROOT_DEVICE: &str = "/dev/vda";
+/// The browser image is the second disk; the agent mounts it from there.
+const BROWSER_CMDLINE: &str = " burrow.browser=/dev/vdb";
 /// Longest unix socket path (sun_path less its NUL).
 const MAX_SOCKET_PATH: usize = 107;
 
@@ -230,10 +233,19 @@ impl VmSandbox {
                 ..VmmArgs::boot(cfg.kernel.clone())
             },
         };
+        let mut disks = vec![DiskArg { path, read_only }];
+        let mut start = start;
+        if let Some(image) = self.browser_image(cfg)? {
+            disks.push(DiskArg {
+                path: image,
+                read_only: true,
+            });
+            start.cmdline.push_str(BROWSER_CMDLINE);
+        }
         Ok(VmmLaunch {
             binary: cfg.vmm_binary(),
             args: VmmArgs {
-                disks: vec![DiskArg { path, read_only }],
+                disks,
                 vsock: Some(self.path("vsock.sock")),
                 api: Some(self.path("api.sock")),
                 serial_log: Some(self.path("console.log")),

@@ -33,6 +33,10 @@ impl VmSandbox {
             SandboxRequest::Write(r) => self.tool_write(r).await,
             SandboxRequest::Ls(r) => self.tool_ls(r).await.map(ToolReply::Ls),
             SandboxRequest::Edit(r) => self.tool_edit(r).await,
+            r @ (SandboxRequest::Browse(_)
+            | SandboxRequest::Click(_)
+            | SandboxRequest::Type(_)
+            | SandboxRequest::Screenshot(_)) => self.tool_browser(r).await,
             other => Err(SandboxError::InvalidArgument(format!(
                 "{} is not a tool request",
                 other.name()
@@ -206,7 +210,7 @@ impl VmSandbox {
 }
 
 /// `s` cut to [`MAX_NAME`] bytes (on a character boundary).
-fn cut(mut s: String) -> String {
+pub(super) fn cut(mut s: String) -> String {
     if s.len() > MAX_NAME {
         let mut at = MAX_NAME;
         while !s.is_char_boundary(at) {

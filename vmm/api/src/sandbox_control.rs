@@ -21,7 +21,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::sandbox_tools::{
-    EditRequest, ExecRequest, LsRequest, ReadRequest, ToolReply, WriteRequest, MAX_WRITE,
+    BrowseRequest, EditRequest, ElementRequest, ExecRequest, LsRequest, ReadRequest,
+    ScreenshotRequest, ToolReply, WriteRequest, MAX_WRITE,
 };
 
 /// The control socket's file name in a sandbox's state directory.
@@ -58,6 +59,14 @@ pub enum SandboxRequest {
     Ls(LsRequest),
     /// Replace one unique string in a file in the container.
     Edit(EditRequest),
+    /// Load a page in the sandbox's browser and/or read it.
+    Browse(BrowseRequest),
+    /// Click an element of the browser's page by its index.
+    Click(ElementRequest),
+    /// Type into an element of the browser's page by its index.
+    Type(ElementRequest),
+    /// A screenshot of the browser's page.
+    Screenshot(ScreenshotRequest),
 }
 
 impl SandboxRequest {
@@ -73,6 +82,10 @@ impl SandboxRequest {
             Self::Write(_) => "write",
             Self::Ls(_) => "ls",
             Self::Edit(_) => "edit",
+            Self::Browse(_) => "browse",
+            Self::Click(_) => "click",
+            Self::Type(_) => "type",
+            Self::Screenshot(_) => "screenshot",
         }
     }
 

@@ -34,6 +34,12 @@ pub const MAX_EXEC_OUTPUT: usize = 32 * 1024;
 /// ([`ExecRequest::max_output`]): `burrow mcp` keeps this much on the host
 /// and pages through it.
 pub const MAX_EXEC_OUTPUT_FULL: usize = 2 << 20;
+/// Most bytes of page text or element list one browser call returns.
+pub const MAX_BROWSE_TEXT: usize = 256 * 1024;
+/// Longest URL `browse` takes.
+pub const MAX_URL: usize = 64 * 1024;
+/// The attribute each listed page element carries with its index.
+pub const ELEMENT_INDEX_ATTR: &str = "data-burrow-idx";
 /// Most entries one `ls` returns.
 pub const MAX_LS_ENTRIES: u32 = 1000;
 /// `exec`'s timeout when none is given, and the longest one taken.
@@ -175,6 +181,67 @@ pub struct EditRequest {
     pub new: String,
 }
 
+/// `burrow browse`: load `url` (if given) in the sandbox's browser, then
+/// return the page's text, or with `elements` its visible interactive
+/// elements (`[12] button "Submit"`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BrowseRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    #[serde(default)]
+    pub elements: bool,
+    /// Wait this long for the page to load (0: the agent's default, 30 s).
+    #[serde(default)]
+    pub timeout_secs: u64,
+}
+
+/// Click element `index` of the last element list (`burrow click`), or type
+/// `text` into it (`burrow type`); the page's text after it comes back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ElementRequest {
+    pub index: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+}
+
+impl ElementRequest {
+    /// The CSS selector of the element.
+    pub fn selector(&self) -> String {
+        format!("[{ELEMENT_INDEX_ATTR}=\"{}\"]", self.index)
+    }
+}
+
+/// A screenshot of the sandbox's browser page (0: keep the viewport).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScreenshotRequest {
+    #[serde(default)]
+    pub width: u32,
+    #[serde(default)]
+    pub height: u32,
+}
+
+/// The page after a browser call.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BrowseOutput {
+    /// After a navigation: the URL (after redirects) and the title.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    /// Page text or element list, at most [`MAX_BROWSE_TEXT`] bytes.
+    pub text: String,
+    /// There was more than `text`.
+    pub truncated: bool,
+}
+
+/// A PNG screenshot, base64.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScreenshotOutput {
+    pub png_base64: String,
+    pub width: u32,
+    pub height: u32,
+}
+
 /// What a tool request returns.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "tool", rename_all = "lowercase")]
@@ -191,6 +258,8 @@ pub enum ToolReply {
         bytes: u64,
         line: u64,
     },
+    Browse(BrowseOutput),
+    Screenshot(ScreenshotOutput),
 }
 
 /// A finished (or killed) command.

@@ -1,5 +1,6 @@
 //! `burrow`: the command-line front of burrow.
 
+mod audit;
 mod browse;
 mod check;
 mod containerd_config;
@@ -60,6 +61,15 @@ enum Command {
     Type(browse::TypeArgs),
     /// Write a PNG screenshot of a sandbox's browser page to --out.
     Screenshot(browse::ScreenshotArgs),
+    /// Print a sandbox's audit log: every tool call made through burrow
+    /// (CLI and MCP), arguments redacted.
+    Audit {
+        #[command(flatten)]
+        target: tools::Target,
+        /// JSON lines instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Serve the sandboxes' tools (exec, files, checkpoint) to AI agents as
     /// a Model Context Protocol server on stdio.
     Mcp {
@@ -121,6 +131,21 @@ fn main() -> Result<()> {
         Command::Write(a) => tool("write", 1, || tools::write(a)),
         Command::Ls(a) => tool("ls", 1, || tools::ls(a)),
         Command::Edit(a) => tool("edit", 1, || tools::edit(a)),
+        Command::Audit { target, json } => tool("audit", 1, || {
+            let root = target
+                .state_dir
+                .clone()
+                .unwrap_or_else(sandbox::state_dir_from_config);
+            let dir = sandbox::sandbox_dir(&root, &target.namespace, &target.id)?;
+            for e in audit::read(&dir)? {
+                if json {
+                    println!("{}", serde_json::to_string(&e)?);
+                } else {
+                    println!("{}", audit::text(&e));
+                }
+            }
+            Ok(0)
+        }),
         Command::Browse(a) => tool("browse", 1, || browse::browse(a)),
         Command::Click(a) => tool("click", 1, || browse::click(a)),
         Command::Type(a) => tool("type", 1, || browse::type_text(a)),

@@ -17,7 +17,7 @@ use burrow_vmm_api::sandbox_tools::{
     MAX_READ_LINES, MAX_READ_SCAN, MAX_WRITE,
 };
 
-use crate::sandbox;
+use crate::{audit, sandbox};
 
 /// How long a tool request may take beyond its own work: waking a
 /// hibernated VM on a slow disk.
@@ -61,10 +61,17 @@ pub fn ask(
     if !dir.exists() {
         bail!("there is no sandbox {id:?} in namespace {namespace:?}");
     }
-    let reply = sandbox::request(&dir, req, timeout)?;
-    reply
-        .tool
-        .context("the shim answered without a result (is it older than this CLI?)")
+    let start = std::time::Instant::now();
+    let result = sandbox::request(&dir, req, timeout).and_then(|reply| {
+        reply
+            .tool
+            .context("the shim answered without a result (is it older than this CLI?)")
+    });
+    let entry = audit::entry(req, &result, start.elapsed(), std::time::SystemTime::now());
+    if let Err(e) = audit::append(&dir, &entry) {
+        eprintln!("burrow: the audit log: {e:#}");
+    }
+    result
 }
 
 #[derive(clap::Args, Debug)]

@@ -66,6 +66,39 @@ fn mcp_client_calls_every_tool_pages_output_and_sees_no_secret() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(session(&c));
 
+    // The audit log has every call, the planted key redacted from it.
+    let r = c.burrow(&["audit", ID, "--json"]);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(!r.stdout.contains(FAKE_KEY), "{}", r.stdout);
+    let entries: Vec<Value> = r
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let tools: Vec<&str> = entries.iter().filter_map(|e| e["tool"].as_str()).collect();
+    for t in ["exec", "read", "write", "edit", "ls"] {
+        assert!(tools.contains(&t), "no {t} in {tools:?}");
+    }
+    assert!(
+        entries
+            .iter()
+            .any(|e| e["tool"] == "exec" && e["exit_status"] == 3),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        entries
+            .iter()
+            .any(|e| e["tool"] == "read" && e["ok"] == false),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains("[REDACTED:aws-access-key]"),
+        "{}",
+        r.stdout
+    );
+
     assert_eq!(c.ctr(&["task", "kill", "-s", "SIGKILL", ID]).code, Some(0));
     c.wait_status(ID, "STOPPED", LONG);
     c.ctr(&["task", "delete", ID]);
@@ -159,7 +192,7 @@ async fn session(c: &Containerd) {
 
     // About 1 MB of output with a fake key in the middle: 8 KiB inline,
     // the whole of it paged by reference, the key redacted everywhere.
-    let cmd = format!("seq 1 70000; echo 'key {FAKE_KEY} here'; seq 70001 150000");
+    let cmd = format!("seq 1 70000; echo 'key {FAKE_KEY} here'; seq 70001 160000");
     let out = ok(
         &client,
         "exec",
@@ -177,7 +210,7 @@ async fn session(c: &Containerd) {
         .to_string();
     let mut expected: String = (1..=70000).map(|i| format!("{i}\n")).collect();
     expected.push_str("key [REDACTED:aws-access-key] here\n");
-    expected.extend((70001..=150000).map(|i| format!("{i}\n")));
+    expected.extend((70001..=160000).map(|i| format!("{i}\n")));
     assert!(expected.len() > 1_000_000);
     let (mut offset, mut all, mut pages) = (0usize, String::new(), 0);
     loop {

@@ -650,7 +650,7 @@ impl burrow_protocol::Agent for AgentService {
         _ctx: &TtrpcContext,
         req: BrowserTextRequest,
     ) -> TResult<BrowserTextResponse> {
-        let (text, truncated) = self.browser.text(req.max_bytes).await?;
+        let (text, truncated) = self.browser.text(req.max_bytes, req.elements).await?;
         let mut r = BrowserTextResponse::new();
         r.text = text;
         r.truncated = truncated;

@@ -1,8 +1,11 @@
 //! `burrow`: the command-line front of burrow.
 
+mod audit;
+mod browse;
 mod check;
 mod containerd_config;
 mod install;
+mod mcp;
 mod sandbox;
 mod tools;
 
@@ -47,6 +50,37 @@ enum Command {
     /// Replace the one occurrence of --old with --new in a file in a
     /// sandbox's container; none or several occurrences change nothing.
     Edit(tools::EditArgs),
+    /// Load a URL in a sandbox's browser (annotation io.burrow.browser=true)
+    /// and print the page's text; with --text, its visible interactive
+    /// elements with the indexes `click` and `type` take.
+    Browse(browse::BrowseArgs),
+    /// Click element INDEX (from `burrow browse ID --text`) in a sandbox's
+    /// browser; prints the page's text after it.
+    Click(browse::ClickArgs),
+    /// Type TEXT into element INDEX in a sandbox's browser.
+    Type(browse::TypeArgs),
+    /// Write a PNG screenshot of a sandbox's browser page to --out.
+    Screenshot(browse::ScreenshotArgs),
+    /// Print a sandbox's audit log: every tool call made through burrow
+    /// (CLI and MCP), arguments redacted.
+    Audit {
+        #[command(flatten)]
+        target: tools::Target,
+        /// JSON lines instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Serve the sandboxes' tools (exec, files, checkpoint) to AI agents as
+    /// a Model Context Protocol server on stdio.
+    Mcp {
+        /// The shims' state directory (default: `state_dir` from the burrow
+        /// config, else /run/burrow).
+        #[arg(long)]
+        state_dir: Option<std::path::PathBuf>,
+        /// containerd namespace of the sandboxes served.
+        #[arg(long, short = 'n', default_value = "default")]
+        namespace: String,
+    },
     /// Sandbox lifecycle: list, hibernate, wake, checkpoint (through each
     /// shim's control socket).
     Sandbox {
@@ -97,6 +131,32 @@ fn main() -> Result<()> {
         Command::Write(a) => tool("write", 1, || tools::write(a)),
         Command::Ls(a) => tool("ls", 1, || tools::ls(a)),
         Command::Edit(a) => tool("edit", 1, || tools::edit(a)),
+        Command::Audit { target, json } => tool("audit", 1, || {
+            let root = target
+                .state_dir
+                .clone()
+                .unwrap_or_else(sandbox::state_dir_from_config);
+            let dir = sandbox::sandbox_dir(&root, &target.namespace, &target.id)?;
+            for e in audit::read(&dir)? {
+                if json {
+                    println!("{}", serde_json::to_string(&e)?);
+                } else {
+                    println!("{}", audit::text(&e));
+                }
+            }
+            Ok(0)
+        }),
+        Command::Browse(a) => tool("browse", 1, || browse::browse(a)),
+        Command::Click(a) => tool("click", 1, || browse::click(a)),
+        Command::Type(a) => tool("type", 1, || browse::type_text(a)),
+        Command::Screenshot(a) => tool("screenshot", 1, || browse::screenshot(a)),
+        Command::Mcp {
+            state_dir,
+            namespace,
+        } => mcp::serve_stdio(
+            state_dir.unwrap_or_else(sandbox::state_dir_from_config),
+            namespace,
+        ),
         Command::Check => {
             let facts = check::Facts::gather();
             print!("{}", check::report(&facts));

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 pub use burrow_vmm_api::sandbox_control::SandboxRequest;
-use burrow_vmm_api::sandbox_control::{control_socket, SandboxReply, MAX_REPLY};
+use burrow_vmm_api::sandbox_control::{control_socket, SandboxReply};
 
 /// Default state directory (the shim's `state_dir`).
 pub const DEFAULT_STATE_DIR: &str = "/run/burrow";
@@ -57,7 +57,7 @@ pub fn request(dir: &Path, req: &SandboxRequest, timeout: Duration) -> Result<Sa
     s.set_read_timeout(Some(timeout))?;
     s.write_all(&burrow_vmm_api::to_line(req))?;
     let mut line = String::new();
-    BufReader::new(s.take(MAX_REPLY))
+    BufReader::new(s.take(req.reply_limit()))
         .read_line(&mut line)
         .with_context(|| format!("reading the reply to {cmd:?}"))?;
     let reply: SandboxReply =

@@ -17,11 +17,11 @@ use burrow_vmm_api::sandbox_tools::{
     MAX_READ_LINES, MAX_READ_SCAN, MAX_WRITE,
 };
 
-use crate::sandbox;
+use crate::{audit, sandbox};
 
 /// How long a tool request may take beyond its own work: waking a
 /// hibernated VM on a slow disk.
-const WAKE_ALLOWANCE: Duration = Duration::from_secs(600);
+pub const WAKE_ALLOWANCE: Duration = Duration::from_secs(600);
 
 /// The sandbox a tool verb addresses.
 #[derive(clap::Args, Debug)]
@@ -39,17 +39,39 @@ pub struct Target {
 
 impl Target {
     /// Send `req`; the tool's result.
-    fn ask(&self, req: &SandboxRequest, timeout: Duration) -> Result<ToolReply> {
+    pub fn ask(&self, req: &SandboxRequest, timeout: Duration) -> Result<ToolReply> {
         let root = self
             .state_dir
             .clone()
             .unwrap_or_else(sandbox::state_dir_from_config);
-        let dir = sandbox::sandbox_dir(&root, &self.namespace, &self.id)?;
-        let reply = sandbox::request(&dir, req, timeout)?;
+        ask(&root, &self.namespace, &self.id, req, timeout)
+    }
+}
+
+/// Send tool request `req` to sandbox `id` in `namespace` under state
+/// directory `root`; the tool's result.
+pub fn ask(
+    root: &std::path::Path,
+    namespace: &str,
+    id: &str,
+    req: &SandboxRequest,
+    timeout: Duration,
+) -> Result<ToolReply> {
+    let dir = sandbox::sandbox_dir(root, namespace, id)?;
+    if !dir.exists() {
+        bail!("there is no sandbox {id:?} in namespace {namespace:?}");
+    }
+    let start = std::time::Instant::now();
+    let result = sandbox::request(&dir, req, timeout).and_then(|reply| {
         reply
             .tool
             .context("the shim answered without a result (is it older than this CLI?)")
+    });
+    let entry = audit::entry(req, &result, start.elapsed(), std::time::SystemTime::now());
+    if let Err(e) = audit::append(&dir, &entry) {
+        eprintln!("burrow: the audit log: {e:#}");
     }
+    result
 }
 
 #[derive(clap::Args, Debug)]
@@ -123,6 +145,7 @@ pub fn exec(a: ExecArgs) -> Result<i32> {
         cwd: a.cwd,
         env: a.env,
         timeout_secs: a.timeout,
+        max_output: None,
     });
     let limit = Duration::from_secs(a.timeout) + WAKE_ALLOWANCE;
     let ToolReply::Exec(out) = a.target.ask(&req, limit)? else {
@@ -132,16 +155,17 @@ pub fn exec(a: ExecArgs) -> Result<i32> {
     std::io::stdout().flush()?;
     let mut err = std::io::stderr();
     err.write_all(out.stderr.as_bytes())?;
-    for note in exec_notes(&out, a.timeout) {
+    for note in exec_notes(&out, a.timeout, MAX_EXEC_OUTPUT) {
         writeln!(err, "burrow: {note}")?;
     }
     Ok(out.status())
 }
 
-/// What `exec` says about its output and status besides the output.
-pub fn exec_notes(out: &ExecOutput, timeout: u64) -> Vec<String> {
+/// What `exec` says about its output and status besides the output (each
+/// stream having been capped to `cap` bytes).
+pub fn exec_notes(out: &ExecOutput, timeout: u64, cap: usize) -> Vec<String> {
     let mut notes = Vec::new();
-    let half = MAX_EXEC_OUTPUT / 2 / 1024;
+    let half = cap / 2 / 1024;
     for (name, cut) in [("stdout", out.stdout_cut), ("stderr", out.stderr_cut)] {
         if cut > 0 {
             notes.push(format!(
@@ -174,12 +198,18 @@ pub fn read(a: ReadArgs) -> Result<i32> {
     };
     std::io::stdout().write_all(out.text.as_bytes())?;
     std::io::stdout().flush()?;
-    eprintln!("{}", read_note(&a.path, &out));
+    eprintln!("{}", read_note(&a.path, &out, lines_option));
     Ok(0)
 }
 
-/// Which lines `read` showed and how many remain.
-pub fn read_note(path: &str, out: &ReadOutput) -> String {
+/// How the CLI asks for the page from line `next`.
+fn lines_option(next: u64) -> String {
+    format!("--lines {next}:{}", next.saturating_add(MAX_READ_LINES - 1))
+}
+
+/// Which lines `read` showed and how many remain; `next` says how to ask
+/// for the page from a line.
+pub fn read_note(path: &str, out: &ReadOutput, next: impl Fn(u64) -> String) -> String {
     let shown = if out.first == 0 {
         "no lines".to_string()
     } else {
@@ -193,11 +223,7 @@ pub fn read_note(path: &str, out: &ReadOutput) -> String {
         ),
     };
     if out.remaining() != Some(0) && out.first > 0 {
-        let next = out.last.saturating_add(1);
-        note.push_str(&format!(
-            "; next: --lines {next}:{}",
-            next.saturating_add(MAX_READ_LINES - 1)
-        ));
+        note.push_str(&format!("; next: {}", next(out.last.saturating_add(1))));
     }
     if out.line_cut {
         note.push_str(&format!("; line {} is too long and was cut", out.last));
@@ -301,10 +327,10 @@ mod tests {
             timed_out: true,
             ..Default::default()
         };
-        let notes = exec_notes(&out, 5).join("\n");
+        let notes = exec_notes(&out, 5, MAX_EXEC_OUTPUT).join("\n");
         assert!(notes.contains("10 bytes of stdout cut"), "{notes}");
         assert!(notes.contains("killed after 5 s"), "{notes}");
-        assert!(exec_notes(&ExecOutput::default(), 5).is_empty());
+        assert!(exec_notes(&ExecOutput::default(), 5, MAX_EXEC_OUTPUT).is_empty());
 
         let page = ReadOutput {
             first: 1,
@@ -313,7 +339,7 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            read_note("/n", &page),
+            read_note("/n", &page, lines_option),
             "[/n: lines 1-500 of 1200, 700 remain; next: --lines 501:1000]"
         );
         let end = ReadOutput {
@@ -323,14 +349,17 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            read_note("/n", &end),
+            read_note("/n", &end, lines_option),
             "[/n: lines 1001-1200 of 1200, 0 remain]"
         );
         let empty = ReadOutput {
             total: Some(0),
             ..Default::default()
         };
-        assert_eq!(read_note("/e", &empty), "[/e: no lines of 0, 0 remain]");
+        assert_eq!(
+            read_note("/e", &empty, lines_option),
+            "[/e: no lines of 0, 0 remain]"
+        );
     }
 
     #[test]

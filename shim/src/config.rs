@@ -18,6 +18,9 @@
 //! vmm_uid = 64100    # the jailed VMM's uid and gid (no account needed)
 //! vmm_gid = 64100
 //! pod_disk_slots = 8          # a CRI pod's containers besides its sandbox (1..=16)
+//! browser = false              # attach the browser image to every sandbox
+//!                              # (else annotation io.burrow.browser=true)
+//! browser_image = "/var/lib/burrow/browser.img"  # rootfs/browser-image's erofs
 //!
 //! [vcpus]
 //! default = 1
@@ -104,6 +107,8 @@ pub struct Config {
     pub vmm_jail: bool,
     pub vmm_uid: u32,
     pub vmm_gid: u32,
+    pub browser: bool,
+    pub browser_image: PathBuf,
 }
 
 impl Default for Config {
@@ -126,6 +131,8 @@ impl Default for Config {
             vmm_jail: true,
             vmm_uid: burrow_vmm_api::jail::DEFAULT_JAIL_ID,
             vmm_gid: burrow_vmm_api::jail::DEFAULT_JAIL_ID,
+            browser: false,
+            browser_image: PathBuf::from("/var/lib/burrow/browser.img"),
         }
     }
 }

@@ -18,6 +18,9 @@ pub const ANNOTATION_VCPUS: &str = "io.burrow.vcpus";
 pub const ANNOTATION_MEMORY_MIB: &str = "io.burrow.memory_mib";
 /// Hibernate the sandbox after this many seconds without activity (0: never).
 pub const ANNOTATION_HIBERNATE_IDLE: &str = "io.burrow.hibernate_idle_secs";
+/// Attach the browser image (read-only, shared) so the sandbox's agent can
+/// run Chromium (`burrow browse`): `true` or `false`.
+pub const ANNOTATION_BROWSER: &str = "io.burrow.browser";
 /// Create the container by restoring the named checkpoint that
 /// `burrow sandbox checkpoint` wrote (instead of starting the spec's process).
 pub const ANNOTATION_RESTORE: &str = "io.burrow.restore";
@@ -133,6 +136,15 @@ fn is_string_list(v: &Value) -> bool {
 /// An annotation of the spec.
 pub fn annotation<'a>(spec: &'a Value, key: &str) -> Option<&'a str> {
     spec.get("annotations")?.get(key)?.as_str()
+}
+
+/// Whether a sandbox of `spec` gets the browser image: its annotation,
+/// else the config's `browser`.
+pub fn wants_browser(spec: &Value, cfg: &Config) -> bool {
+    match annotation(spec, ANNOTATION_BROWSER) {
+        Some(v) => v.eq_ignore_ascii_case("true") || v == "1",
+        None => cfg.browser,
+    }
 }
 
 /// What [`for_guest`] removed, for the log.

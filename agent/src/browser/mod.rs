@@ -202,12 +202,14 @@ impl Browser {
         .await
     }
 
-    pub async fn text(&self, max_bytes: u32) -> Result<(String, bool)> {
+    /// The page's body text, or with `elements` its list of visible
+    /// interactive elements ([`page::ELEMENTS`]).
+    pub async fn text(&self, max_bytes: u32, elements: bool) -> Result<(String, bool)> {
         let max = usize::try_from(max_bytes)
             .ok()
             .filter(|&m| m > 0 && m <= burrow_protocol::MAX_CHUNK)
             .unwrap_or(burrow_protocol::MAX_CHUNK);
-        self.with_session(async |s| page::text(&s.cdp, &s.page, max).await)
+        self.with_session(async |s| page::text(&s.cdp, &s.page, max, elements).await)
             .await
     }
 

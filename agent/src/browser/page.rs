@@ -254,14 +254,39 @@ pub async fn screenshot(cdp: &Cdp, page: &str) -> Result<(Vec<u8>, u32, u32)> {
     Ok((png, w, h))
 }
 
-/// Body text, at most `max` bytes (cut at a character boundary).
-pub async fn text(cdp: &Cdp, page: &str, max: usize) -> Result<(String, bool)> {
+/// The visible interactive elements of the page, one a line:
+/// `[12] button "Submit"`, in document order. An element keeps the index
+/// it was first given (its `data-burrow-idx` attribute) for the life of
+/// the document; new ones get the next numbers. The expression's value is
+/// the list in `t`.
+pub const ELEMENTS: &str = r#"const q = 'a[href],button,input:not([type=hidden]),textarea,select,summary,[role=button],[role=link],[role=checkbox],[role=radio],[role=tab],[role=menuitem],[role=textbox],[role=combobox],[contenteditable=""],[contenteditable=true],[onclick]';
+const root = document.documentElement;
+let next = Number(root ? root.getAttribute('data-burrow-next') || '1' : '1');
+const lines = [];
+for (const el of document.querySelectorAll(q)) {
+  const r = el.getBoundingClientRect(), st = getComputedStyle(el);
+  if (r.width <= 0 || r.height <= 0 || st.visibility === 'hidden' || st.display === 'none') continue;
+  let idx = el.getAttribute('data-burrow-idx');
+  if (!idx) { idx = String(next++); el.setAttribute('data-burrow-idx', idx); }
+  const tag = el.tagName.toLowerCase();
+  const kind = el.getAttribute('role') || (tag === 'a' ? 'link' : tag === 'input' ? 'input[' + (el.type || 'text') + ']' : tag);
+  const name = (el.getAttribute('aria-label') || el.innerText || el.value || el.placeholder || el.title || el.name || '').replace(/\s+/g, ' ').trim().slice(0, 100);
+  lines.push('[' + idx + '] ' + kind + ' ' + JSON.stringify(name));
+}
+if (root) root.setAttribute('data-burrow-next', String(next));
+const t = lines.join('\n') + (lines.length ? '\n' : '');"#;
+
+/// Body text (or with `elements`, the [`ELEMENTS`] list), at most `max`
+/// bytes (cut at a character boundary).
+pub async fn text(cdp: &Cdp, page: &str, max: usize, elements: bool) -> Result<(String, bool)> {
     // Cut in the page too, so a huge page never crosses the pipe whole:
     // `max` UTF-16 units are at least `max` bytes of UTF-8.
-    let expr = format!(
-        "(() => {{ const e = document.body || document.documentElement; \
-         const t = e ? e.innerText || '' : ''; return [t.length > {max}, t.slice(0, {max})]; }})()"
-    );
+    let body = if elements {
+        ELEMENTS
+    } else {
+        "const e = document.body || document.documentElement; const t = e ? e.innerText || '' : '';"
+    };
+    let expr = format!("(() => {{ {body} return [t.length > {max}, t.slice(0, {max})]; }})()");
     let v = evaluate(cdp, page, &expr).await?;
     let mut truncated = v.get(0).and_then(Value::as_bool).unwrap_or(false);
     let mut t = v

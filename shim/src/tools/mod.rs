@@ -8,7 +8,7 @@ pub mod text;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use burrow_vmm_api::sandbox_tools::{ExecOutput, ExecRequest, MAX_EXEC_OUTPUT};
+use burrow_vmm_api::sandbox_tools::{ExecOutput, ExecRequest};
 
 use crate::sandbox::{ExecConfig, ExitStatus, Result, Sandbox, SandboxError, Stream};
 use text::Capped;
@@ -71,22 +71,23 @@ pub fn exec_process(
 }
 
 /// Run `process` as exec `exec_id` in container `id` of `sb`, collect its
-/// output (each stream capped to [`MAX_EXEC_OUTPUT`]), kill it at
-/// `timeout`, and forget it.
+/// output (each stream capped to `cap` bytes, its head and tail), kill it
+/// at `timeout`, and forget it.
 pub async fn run_exec<S: Sandbox + ?Sized>(
     sb: Arc<S>,
     id: &str,
     exec_id: &str,
     process: serde_json::Value,
     timeout: Duration,
+    cap: usize,
 ) -> Result<ExecOutput> {
     let cfg = ExecConfig {
         process,
         stdin: false,
     };
     sb.exec_process(id, exec_id, &cfg).await?;
-    let out = Arc::new(Mutex::new(Capped::new(MAX_EXEC_OUTPUT)));
-    let err = Arc::new(Mutex::new(Capped::new(MAX_EXEC_OUTPUT)));
+    let out = Arc::new(Mutex::new(Capped::new(cap)));
+    let err = Arc::new(Mutex::new(Capped::new(cap)));
     let drains = [(Stream::Stdout, &out), (Stream::Stderr, &err)].map(|(stream, buf)| {
         tokio::spawn(drain(
             sb.clone(),
@@ -179,6 +180,7 @@ mod tests {
     use super::*;
     use crate::fake::FakeSandbox;
     use crate::sandbox::ContainerConfig;
+    use burrow_vmm_api::sandbox_tools::MAX_EXEC_OUTPUT;
 
     fn req(args: &[&str]) -> ExecRequest {
         ExecRequest {
@@ -186,6 +188,7 @@ mod tests {
             cwd: None,
             env: vec![],
             timeout_secs: 1,
+            max_output: None,
         }
     }
 
@@ -230,13 +233,23 @@ mod tests {
         sb
     }
 
+    /// `args` run as exec `exec_id` in the fake's container c1.
+    async fn run(
+        sb: &Arc<FakeSandbox>,
+        exec_id: &str,
+        args: &[&str],
+        limit: Duration,
+    ) -> ExecOutput {
+        let p = exec_process(None, &req(args)).unwrap();
+        run_exec(sb.clone(), "c1", exec_id, p, limit, MAX_EXEC_OUTPUT)
+            .await
+            .unwrap()
+    }
+
     #[tokio::test]
     async fn exec_returns_output_and_status_and_forgets_the_process() {
         let sb = fake().await;
-        let p = exec_process(None, &req(&["echo", "hi", "there"])).unwrap();
-        let out = run_exec(sb.clone(), "c1", "t1", p, Duration::from_secs(5))
-            .await
-            .unwrap();
+        let out = run(&sb, "t1", &["echo", "hi", "there"], Duration::from_secs(5)).await;
         assert_eq!(out.stdout, "hi there\n");
         assert_eq!(
             (out.status(), out.timed_out, out.output_open),
@@ -247,25 +260,16 @@ mod tests {
             "{:?}",
             sb.calls()
         );
-        let p = exec_process(None, &req(&["echo", "err", "oops"])).unwrap();
-        let out = run_exec(sb.clone(), "c1", "t2", p, Duration::from_secs(5))
-            .await
-            .unwrap();
+        let out = run(&sb, "t2", &["echo", "err", "oops"], Duration::from_secs(5)).await;
         assert_eq!((out.stdout.as_str(), out.stderr.as_str()), ("", "oops\n"));
-        let p = exec_process(None, &req(&["exit", "3"])).unwrap();
-        let out = run_exec(sb.clone(), "c1", "t3", p, Duration::from_secs(5))
-            .await
-            .unwrap();
+        let out = run(&sb, "t3", &["exit", "3"], Duration::from_secs(5)).await;
         assert_eq!(out.status(), 3);
     }
 
     #[tokio::test]
     async fn a_command_past_its_timeout_is_killed() {
         let sb = fake().await;
-        let p = exec_process(None, &req(&["sleep"])).unwrap();
-        let out = run_exec(sb.clone(), "c1", "t1", p, Duration::from_millis(200))
-            .await
-            .unwrap();
+        let out = run(&sb, "t1", &["sleep"], Duration::from_millis(200)).await;
         assert!(out.timed_out, "{out:?}");
         assert_eq!(out.signal, Some(9));
         assert!(

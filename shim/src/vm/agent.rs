@@ -156,7 +156,9 @@ impl Agent {
         while start.elapsed() < boot_timeout {
             // A guest that takes the connection and never answers the
             // handshake must not hold the shim past its deadline (issue 15).
-            let limit = boot_timeout.saturating_sub(start.elapsed()).min(HANDSHAKE_TIMEOUT);
+            let limit = boot_timeout
+                .saturating_sub(start.elapsed())
+                .min(HANDSHAKE_TIMEOUT);
             let attempt = tokio::time::timeout(limit, connect_once(addr))
                 .await
                 .unwrap_or_else(|_| {
@@ -563,7 +565,106 @@ impl Agent {
             .await
             .map(drop)
     }
+
+    /// One browser call: Chromium's first start in a slow guest takes
+    /// minutes, so these get [`BROWSER_TIMEOUT`] instead of the agent's.
+    async fn browser_call<T>(
+        &self,
+        name: &str,
+        fut: impl Future<Output = ttrpc::Result<T>>,
+    ) -> Result<T> {
+        tokio::time::timeout(BROWSER_TIMEOUT, self.call_unbounded(name, fut))
+            .await
+            .map_err(|_| {
+                SandboxError::Timeout(format!(
+                    "the guest's browser did not answer {name} within {}s",
+                    BROWSER_TIMEOUT.as_secs()
+                ))
+            })?
+    }
+
+    /// Load `url`; the URL after redirects and the title.
+    pub async fn browser_navigate(&self, url: &str, timeout_ms: u32) -> Result<(String, String)> {
+        let req = pb::BrowserNavigateRequest {
+            url: url.into(),
+            timeout_ms,
+            ..Default::default()
+        };
+        let r = self
+            .browser_call(
+                "BrowserNavigate",
+                self.client.browser_navigate(Self::ctx(), &req),
+            )
+            .await?;
+        Ok((r.url, r.title))
+    }
+
+    /// The page's text (or its element list), at most `max` bytes, and
+    /// whether there was more.
+    pub async fn browser_text(&self, max: usize, elements: bool) -> Result<(String, bool)> {
+        let req = pb::BrowserTextRequest {
+            max_bytes: u32::try_from(max).unwrap_or(u32::MAX),
+            elements,
+            ..Default::default()
+        };
+        let r = self
+            .browser_call("BrowserText", self.client.browser_text(Self::ctx(), &req))
+            .await?;
+        if r.text.len() > max {
+            return Err(SandboxError::Internal(format!(
+                "agent sent {} bytes of page text for {max}",
+                r.text.len()
+            )));
+        }
+        Ok((r.text, r.truncated))
+    }
+
+    pub async fn browser_click(&self, selector: &str) -> Result<()> {
+        let req = pb::BrowserClickRequest {
+            selector: selector.into(),
+            ..Default::default()
+        };
+        self.browser_call("BrowserClick", self.client.browser_click(Self::ctx(), &req))
+            .await
+            .map(drop)
+    }
+
+    pub async fn browser_type(&self, selector: &str, text: &str) -> Result<()> {
+        let req = pb::BrowserTypeRequest {
+            selector: selector.into(),
+            text: text.into(),
+            ..Default::default()
+        };
+        self.browser_call("BrowserType", self.client.browser_type(Self::ctx(), &req))
+            .await
+            .map(drop)
+    }
+
+    /// A PNG of the page at `width` x `height` (0: as it is).
+    pub async fn browser_screenshot(&self, width: u32, height: u32) -> Result<(Vec<u8>, u32, u32)> {
+        let req = pb::BrowserScreenshotRequest {
+            width,
+            height,
+            ..Default::default()
+        };
+        let r = self
+            .browser_call(
+                "BrowserScreenshot",
+                self.client.browser_screenshot(Self::ctx(), &req),
+            )
+            .await?;
+        if r.png.len() > burrow_protocol::MAX_SCREENSHOT_BYTES {
+            return Err(SandboxError::Internal(format!(
+                "agent sent a {}-byte screenshot",
+                r.png.len()
+            )));
+        }
+        Ok((r.png, r.width, r.height))
+    }
 }
+
+/// Longest a browser call may take (Chromium starting in a nested guest).
+const BROWSER_TIMEOUT: Duration = Duration::from_secs(900);
 
 #[cfg(test)]
 mod tests {
@@ -626,10 +727,17 @@ mod tests {
                 held.push(s);
             }
         });
-        let addr = AgentAddr::Vsock { path: path.clone(), port: 1024 };
+        let addr = AgentAddr::Vsock {
+            path: path.clone(),
+            port: 1024,
+        };
         let start = std::time::Instant::now();
         let r = Agent::connect(&addr, Duration::from_secs(1), Duration::from_secs(2)).await;
         assert!(matches!(r, Err(SandboxError::Timeout(_))), "{:?}", r.err());
-        assert!(start.elapsed() < Duration::from_secs(5), "took {:?}", start.elapsed());
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "took {:?}",
+            start.elapsed()
+        );
     }
 }

@@ -17,6 +17,7 @@
 //! (no vCPU or memory hotplug).
 
 pub mod agent;
+mod browse;
 pub mod checkpoint;
 pub mod egress;
 pub mod hibernate;
@@ -54,6 +55,8 @@ use self::vmm::{DiskArg, VmmArgs, VmmLaunch};
 
 /// The guest device the first disk appears as.
 pub const GUEST_ROOT_DEVICE: &str = "/dev/vda";
+/// The browser image is the second disk; the agent mounts it from there.
+const BROWSER_CMDLINE: &str = " burrow.browser=/dev/vdb";
 
 /// A VM-backed sandbox.
 pub struct VmSandbox {
@@ -236,10 +239,19 @@ impl VmSandbox {
                 ..VmmArgs::boot(cfg.kernel.clone())
             },
         };
+        let mut disks = vec![DiskArg { path, read_only }];
+        let mut start = start;
+        if let Some(image) = self.browser_image(cfg)? {
+            disks.push(DiskArg {
+                path: image,
+                read_only: true,
+            });
+            start.cmdline.push_str(BROWSER_CMDLINE);
+        }
         Ok(VmmLaunch {
             binary: cfg.vmm_binary(),
             args: VmmArgs {
-                disks: vec![DiskArg { path, read_only }],
+                disks,
                 vsock: Some(self.path("vsock.sock")),
                 api: Some(self.path("api.sock")),
                 serial_log: Some(self.path("console.log")),

@@ -33,6 +33,10 @@ impl VmSandbox {
             SandboxRequest::Write(r) => self.tool_write(r).await,
             SandboxRequest::Ls(r) => self.tool_ls(r).await.map(ToolReply::Ls),
             SandboxRequest::Edit(r) => self.tool_edit(r).await,
+            r @ (SandboxRequest::Browse(_)
+            | SandboxRequest::Click(_)
+            | SandboxRequest::Type(_)
+            | SandboxRequest::Screenshot(_)) => self.tool_browser(r).await,
             other => Err(SandboxError::InvalidArgument(format!(
                 "{} is not a tool request",
                 other.name()
@@ -66,7 +70,7 @@ impl VmSandbox {
             .upgrade()
             .ok_or_else(|| SandboxError::Unavailable("the sandbox is shutting down".into()))?;
         let exec_id = format!("burrow-tool-{}", NEXT.fetch_add(1, Ordering::Relaxed));
-        crate::tools::run_exec(me, &id, &exec_id, process, timeout).await
+        crate::tools::run_exec(me, &id, &exec_id, process, timeout, r.output_cap()).await
     }
 
     async fn tool_read(&self, r: ReadRequest) -> Result<ReadOutput> {
@@ -206,7 +210,7 @@ impl VmSandbox {
 }
 
 /// `s` cut to [`MAX_NAME`] bytes (on a character boundary).
-fn cut(mut s: String) -> String {
+pub(super) fn cut(mut s: String) -> String {
     if s.len() > MAX_NAME {
         let mut at = MAX_NAME;
         while !s.is_char_boundary(at) {

@@ -21,7 +21,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::sandbox_tools::{
-    EditRequest, ExecRequest, LsRequest, ReadRequest, ToolReply, WriteRequest, MAX_WRITE,
+    BrowseRequest, EditRequest, ElementRequest, ExecRequest, LsRequest, ReadRequest,
+    ScreenshotRequest, ToolReply, WriteRequest, MAX_WRITE,
 };
 
 /// The control socket's file name in a sandbox's state directory.
@@ -58,6 +59,14 @@ pub enum SandboxRequest {
     Ls(LsRequest),
     /// Replace one unique string in a file in the container.
     Edit(EditRequest),
+    /// Load a page in the sandbox's browser and/or read it.
+    Browse(BrowseRequest),
+    /// Click an element of the browser's page by its index.
+    Click(ElementRequest),
+    /// Type into an element of the browser's page by its index.
+    Type(ElementRequest),
+    /// A screenshot of the browser's page.
+    Screenshot(ScreenshotRequest),
 }
 
 impl SandboxRequest {
@@ -73,6 +82,20 @@ impl SandboxRequest {
             Self::Write(_) => "write",
             Self::Ls(_) => "ls",
             Self::Edit(_) => "edit",
+            Self::Browse(_) => "browse",
+            Self::Click(_) => "click",
+            Self::Type(_) => "type",
+            Self::Screenshot(_) => "screenshot",
+        }
+    }
+
+    /// Longest reply line to read for this request: [`MAX_REPLY`], or for
+    /// an `exec` that asked for more output, both streams at their cap,
+    /// JSON-escaped (at most 6 bytes each), and room for the rest.
+    pub fn reply_limit(&self) -> u64 {
+        match self {
+            Self::Exec(r) => MAX_REPLY.max((r.output_cap() as u64) * 2 * 6 + 64 * 1024),
+            _ => MAX_REPLY,
         }
     }
 }
@@ -170,6 +193,7 @@ mod tests {
             cwd: None,
             env: vec!["A=1".into()],
             timeout_secs: 5,
+            max_output: None,
         });
         let line = crate::to_line(&exec);
         assert_eq!(

@@ -30,6 +30,16 @@ pub const MAX_WRITE: usize = 1 << 20;
 /// Most bytes of each output stream `exec` returns: the first and the last
 /// half of it, with a marker saying how much was cut between.
 pub const MAX_EXEC_OUTPUT: usize = 32 * 1024;
+/// The largest per-stream cap a caller may ask `exec` for
+/// ([`ExecRequest::max_output`]): `burrow mcp` keeps this much on the host
+/// and pages through it.
+pub const MAX_EXEC_OUTPUT_FULL: usize = 2 << 20;
+/// Most bytes of page text or element list one browser call returns.
+pub const MAX_BROWSE_TEXT: usize = 256 * 1024;
+/// Longest URL `browse` takes.
+pub const MAX_URL: usize = 64 * 1024;
+/// The attribute each listed page element carries with its index.
+pub const ELEMENT_INDEX_ATTR: &str = "data-burrow-idx";
 /// Most entries one `ls` returns.
 pub const MAX_LS_ENTRIES: u32 = 1000;
 /// `exec`'s timeout when none is given, and the longest one taken.
@@ -51,6 +61,21 @@ pub struct ExecRequest {
     pub env: Vec<String>,
     /// Killed after this long (then the status is [`TIMED_OUT_STATUS`]).
     pub timeout_secs: u64,
+    /// Bytes of each output stream to return (default and least
+    /// [`MAX_EXEC_OUTPUT`], at most [`MAX_EXEC_OUTPUT_FULL`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output: Option<u64>,
+}
+
+impl ExecRequest {
+    /// The per-stream cap this request gets.
+    pub fn output_cap(&self) -> usize {
+        self.max_output.map_or(MAX_EXEC_OUTPUT, |m| {
+            usize::try_from(m)
+                .unwrap_or(MAX_EXEC_OUTPUT_FULL)
+                .clamp(MAX_EXEC_OUTPUT, MAX_EXEC_OUTPUT_FULL)
+        })
+    }
 }
 
 /// Lines `first..=last` (1-based) of a file; `last: None` means "to the
@@ -156,6 +181,67 @@ pub struct EditRequest {
     pub new: String,
 }
 
+/// `burrow browse`: load `url` (if given) in the sandbox's browser, then
+/// return the page's text, or with `elements` its visible interactive
+/// elements (`[12] button "Submit"`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BrowseRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    #[serde(default)]
+    pub elements: bool,
+    /// Wait this long for the page to load (0: the agent's default, 30 s).
+    #[serde(default)]
+    pub timeout_secs: u64,
+}
+
+/// Click element `index` of the last element list (`burrow click`), or type
+/// `text` into it (`burrow type`); the page's text after it comes back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ElementRequest {
+    pub index: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+}
+
+impl ElementRequest {
+    /// The CSS selector of the element.
+    pub fn selector(&self) -> String {
+        format!("[{ELEMENT_INDEX_ATTR}=\"{}\"]", self.index)
+    }
+}
+
+/// A screenshot of the sandbox's browser page (0: keep the viewport).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScreenshotRequest {
+    #[serde(default)]
+    pub width: u32,
+    #[serde(default)]
+    pub height: u32,
+}
+
+/// The page after a browser call.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BrowseOutput {
+    /// After a navigation: the URL (after redirects) and the title.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    /// Page text or element list, at most [`MAX_BROWSE_TEXT`] bytes.
+    pub text: String,
+    /// There was more than `text`.
+    pub truncated: bool,
+}
+
+/// A PNG screenshot, base64.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScreenshotOutput {
+    pub png_base64: String,
+    pub width: u32,
+    pub height: u32,
+}
+
 /// What a tool request returns.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "tool", rename_all = "lowercase")]
@@ -172,6 +258,8 @@ pub enum ToolReply {
         bytes: u64,
         line: u64,
     },
+    Browse(BrowseOutput),
+    Screenshot(ScreenshotOutput),
 }
 
 /// A finished (or killed) command.
@@ -291,6 +379,24 @@ mod tests {
         for bad in ["0:5", "5:4", "a:b", "", "1:x", "-3:"] {
             assert!(bad.parse::<LineRange>().is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn exec_output_caps_are_clamped() {
+        let mut r = ExecRequest {
+            args: vec!["true".into()],
+            cwd: None,
+            env: vec![],
+            timeout_secs: 1,
+            max_output: None,
+        };
+        assert_eq!(r.output_cap(), MAX_EXEC_OUTPUT);
+        r.max_output = Some(1);
+        assert_eq!(r.output_cap(), MAX_EXEC_OUTPUT);
+        r.max_output = Some(u64::MAX);
+        assert_eq!(r.output_cap(), MAX_EXEC_OUTPUT_FULL);
+        r.max_output = Some(1 << 20);
+        assert_eq!(r.output_cap(), 1 << 20);
     }
 
     #[test]

@@ -1,0 +1,485 @@
+//! `burrow mcp`: the sandboxes' tools as a Model Context Protocol server
+//! (rmcp, on stdio). Every tool takes the container id as `sandbox` and
+//! goes through that sandbox's shim control socket, the same requests as
+//! `burrow exec|read|write|ls|edit` (a hibernated sandbox wakes for them).
+//!
+//! Results are shaped for a model: command output is shown inline up to
+//! [`output::INLINE`] bytes (head and tail, the cut said), the whole of it
+//! is kept here on the host and paged with `read_output`; known secret
+//! shapes are redacted from everything returned ([`redact`]). What comes
+//! from the guest is bounded by the shim and by the reply limit of the
+//! control socket before it is read into memory here.
+
+pub mod browser;
+pub mod output;
+pub mod redact;
+#[cfg(test)]
+mod tests;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use burrow_vmm_api::sandbox_control::SandboxRequest;
+use burrow_vmm_api::sandbox_tools::{
+    EditRequest, ExecRequest, LineRange, LsRequest, ReadRequest, ToolReply, WriteRequest,
+    MAX_EXEC_OUTPUT_FULL, MAX_EXEC_TIMEOUT_SECS, MAX_WRITE,
+};
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{CallToolResult, ContentBlock, Implementation, ServerCapabilities, ServerConfig};
+use rmcp::{tool, tool_handler, tool_router, ErrorData, ServerHandler, ServiceExt};
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+use crate::{sandbox, tools};
+use redact::{is_env_file, redact, Redacted};
+
+/// `exec`'s timeout when the model gives none.
+const DEFAULT_TIMEOUT_SECS: u64 = 120;
+
+/// The MCP server: sandboxes under `root` in `namespace`.
+#[derive(Clone)]
+pub struct Burrow {
+    root: PathBuf,
+    namespace: String,
+    store: Arc<Mutex<output::Store>>,
+    tool_router: ToolRouter<Self>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct NoArgs {}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ExecArgs {
+    /// The sandbox (container id; see sandboxes_list).
+    pub sandbox: String,
+    /// Shell command, run with /bin/sh -c in the sandbox's container.
+    pub command: String,
+    /// Working directory (absolute; default: the container's).
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Extra environment variables.
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
+    /// Kill the command after this many seconds (default 120).
+    #[serde(default)]
+    pub timeout_secs: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ReadOutputArgs {
+    /// The reference an exec result gave (`out-N`).
+    #[serde(rename = "ref")]
+    pub reference: String,
+    /// `stdout` or `stderr`.
+    #[serde(default = "stdout")]
+    pub stream: String,
+    /// Byte offset to start from.
+    #[serde(default)]
+    pub offset: usize,
+    /// Bytes to return (default 8192, at most 32768).
+    #[serde(default)]
+    pub length: Option<usize>,
+}
+
+fn stdout() -> String {
+    "stdout".into()
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ReadFileArgs {
+    /// The sandbox (container id).
+    pub sandbox: String,
+    /// Absolute path in the container.
+    pub path: String,
+    /// First line to return (1-based, default 1).
+    #[serde(default)]
+    pub start_line: Option<u64>,
+    /// Last line to return (inclusive; at most 500 lines per call).
+    #[serde(default)]
+    pub end_line: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct WriteFileArgs {
+    /// The sandbox (container id).
+    pub sandbox: String,
+    /// Absolute path in the container; missing parent directories are made.
+    pub path: String,
+    /// The file's whole new content (UTF-8 text, at most 1 MiB).
+    pub content: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct EditFileArgs {
+    /// The sandbox (container id).
+    pub sandbox: String,
+    /// Absolute path in the container.
+    pub path: String,
+    /// The exact text to replace; it must occur exactly once in the file.
+    pub old_string: String,
+    /// The text that replaces it.
+    pub new_string: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct PathArgs {
+    /// The sandbox (container id).
+    pub sandbox: String,
+    /// Absolute path in the container.
+    pub path: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct CheckpointArgs {
+    /// The sandbox (container id).
+    pub sandbox: String,
+    /// The checkpoint's name (a new container starts from it with the
+    /// annotation io.burrow.restore=NAME).
+    pub name: String,
+}
+
+/// A tool result the model reads: `text` (already redacted, `found` being
+/// what was) and a note on what was redacted.
+fn shown(mut r: Redacted) -> CallToolResult {
+    if let Some(note) = r.note() {
+        if !r.text.ends_with('\n') && !r.text.is_empty() {
+            r.text.push('\n');
+        }
+        r.text.push_str(&note);
+    }
+    CallToolResult::success(vec![ContentBlock::text(r.text)])
+}
+
+/// A tool's failure as the model sees it (redacted too: guest errors may
+/// carry file contents).
+fn failed(e: impl std::fmt::Display) -> CallToolResult {
+    CallToolResult::error(vec![ContentBlock::text(redact(&e.to_string(), false).text)])
+}
+
+#[tool_router(router = tool_router)]
+impl Burrow {
+    pub fn new(root: PathBuf, namespace: String) -> Self {
+        Self {
+            root,
+            namespace,
+            store: Arc::default(),
+            tool_router: Self::tool_router() + Self::browser_router(),
+        }
+    }
+
+    /// Send `req` to sandbox `id` (off the async threads: the control
+    /// socket client blocks).
+    async fn ask(
+        &self,
+        id: &str,
+        req: SandboxRequest,
+        timeout: Duration,
+    ) -> Result<ToolReply, String> {
+        let (root, ns, id) = (self.root.clone(), self.namespace.clone(), id.to_string());
+        tokio::task::spawn_blocking(move || tools::ask(&root, &ns, &id, &req, timeout))
+            .await
+            .map_err(|e| format!("the request was lost: {e}"))?
+            .map_err(|e| format!("{e:#}"))
+    }
+
+    /// Ask sandbox `id` for `req` and show the model what `text` makes of
+    /// the reply (None: a reply for another tool), redacted (as a `.env`
+    /// file with `env_file`); a failure as a tool error.
+    async fn answer(
+        &self,
+        id: &str,
+        req: SandboxRequest,
+        env_file: bool,
+        text: impl FnOnce(ToolReply) -> Option<String>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let name = req.name();
+        Ok(match self.ask(id, req, tools::WAKE_ALLOWANCE).await {
+            Ok(reply) => match text(reply) {
+                Some(t) => shown(redact(&t, env_file)),
+                None => failed(format!(
+                    "the shim answered {name} with another tool's result"
+                )),
+            },
+            Err(e) => failed(e),
+        })
+    }
+
+    /// List the sandboxes this server can reach and their state (running, asleep).
+    #[tool(annotations(read_only_hint = true, open_world_hint = false))]
+    async fn sandboxes_list(&self, _: Parameters<NoArgs>) -> Result<CallToolResult, ErrorData> {
+        let (root, ns) = (self.root.clone(), self.namespace.clone());
+        let text = tokio::task::spawn_blocking(move || {
+            let mut text = String::new();
+            for (n, id, dir) in sandbox::list(&root) {
+                if n == ns {
+                    let state = sandbox::status(&dir, Duration::from_secs(5))
+                        .unwrap_or_else(|e| format!("unreachable ({e:#})"));
+                    text.push_str(&format!("{id}\t{state}\n"));
+                }
+            }
+            if text.is_empty() {
+                text = format!("no sandboxes in namespace {ns:?}\n");
+            }
+            text
+        })
+        .await
+        .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+        Ok(shown(redact(&text, false)))
+    }
+
+    /// Run a shell command in a sandbox and return its exit status and output. Output past
+    /// 8 KiB is shown as its head and tail; the whole of it is kept and read_output pages
+    /// through it by the reference given.
+    #[tool(annotations(
+        read_only_hint = false,
+        destructive_hint = true,
+        open_world_hint = false
+    ))]
+    async fn exec(&self, Parameters(a): Parameters<ExecArgs>) -> Result<CallToolResult, ErrorData> {
+        let timeout = a
+            .timeout_secs
+            .unwrap_or(DEFAULT_TIMEOUT_SECS)
+            .clamp(1, MAX_EXEC_TIMEOUT_SECS);
+        let req = SandboxRequest::Exec(ExecRequest {
+            args: vec!["/bin/sh".into(), "-c".into(), a.command],
+            cwd: a.cwd,
+            env: a.env.into_iter().map(|(k, v)| format!("{k}={v}")).collect(),
+            timeout_secs: timeout,
+            max_output: Some(MAX_EXEC_OUTPUT_FULL as u64),
+        });
+        let limit = Duration::from_secs(timeout) + tools::WAKE_ALLOWANCE;
+        let out = match self.ask(&a.sandbox, req, limit).await {
+            Ok(ToolReply::Exec(out)) => out,
+            Ok(_) => return Ok(failed("the shim answered exec with another tool's result")),
+            Err(e) => return Ok(failed(e)),
+        };
+        let stdout = redact(&out.stdout, false);
+        let stderr = redact(&out.stderr, false);
+        let mut found = stdout.found.clone();
+        found.extend(&stderr.found);
+        let mut text = format!("exit status: {}\n", out.status());
+        let (bo, be) = output::budgets(stdout.text.len(), stderr.text.len());
+        let kept = bo < stdout.text.len() || be < stderr.text.len();
+        let reference = if kept {
+            let mut store = self.store.lock().unwrap_or_else(|p| p.into_inner());
+            store.keep(stdout.text.clone(), stderr.text.clone())
+        } else {
+            String::new()
+        };
+        for (name, r, budget) in [("stdout", &stdout, bo), ("stderr", &stderr, be)] {
+            if r.text.is_empty() {
+                continue;
+            }
+            text.push_str(&format!("--- {name} ({} bytes) ---\n", r.text.len()));
+            text.push_str(&output::inline(&r.text, budget, name, &reference));
+            if !text.ends_with('\n') {
+                text.push('\n');
+            }
+        }
+        for note in tools::exec_notes(&out, timeout, MAX_EXEC_OUTPUT_FULL) {
+            text.push_str(&format!("[{note}]\n"));
+        }
+        Ok(shown(Redacted { text, found }))
+    }
+
+    /// Read a page of the full output of an earlier exec, by the reference its result gave.
+    #[tool(annotations(read_only_hint = true, open_world_hint = false))]
+    async fn read_output(
+        &self,
+        Parameters(a): Parameters<ReadOutputArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let store = self.store.lock().unwrap_or_else(|p| p.into_inner());
+        let len = a.length.unwrap_or(output::PAGE);
+        Ok(match store.page(&a.reference, &a.stream, a.offset, len) {
+            // The page as it is kept (redacted when it was), and where
+            // it is as a second block.
+            Ok(p) => CallToolResult::success(vec![
+                ContentBlock::text(p.text.clone()),
+                ContentBlock::text(p.note(&a.reference, &a.stream)),
+            ]),
+            Err(e) => failed(e),
+        })
+    }
+
+    /// Read lines of a text file in a sandbox (at most 500 per call); says how many remain
+    /// and which start_line comes next.
+    #[tool(annotations(read_only_hint = true, open_world_hint = false))]
+    async fn read_file(
+        &self,
+        Parameters(a): Parameters<ReadFileArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let lines = LineRange {
+            first: a.start_line.unwrap_or(1),
+            last: a.end_line,
+        };
+        if let Err(e) = lines.check() {
+            return Ok(failed(e));
+        }
+        let req = SandboxRequest::Read(ReadRequest {
+            path: a.path.clone(),
+            lines,
+        });
+        let env_file = is_env_file(&a.path);
+        self.answer(&a.sandbox, req, env_file, |r| {
+            let ToolReply::Read(out) = r else { return None };
+            let note = tools::read_note(&a.path, &out, |n| format!("start_line={n}"));
+            let mut text = out.text;
+            if !text.ends_with('\n') && !text.is_empty() {
+                text.push('\n');
+            }
+            text.push_str(&note);
+            Some(text)
+        })
+        .await
+    }
+
+    /// Replace a file in a sandbox with new content, atomically (its mode is kept).
+    #[tool(annotations(
+        read_only_hint = false,
+        destructive_hint = true,
+        idempotent_hint = true,
+        open_world_hint = false
+    ))]
+    async fn write_file(
+        &self,
+        Parameters(a): Parameters<WriteFileArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        if a.content.len() > MAX_WRITE {
+            return Ok(failed(format!(
+                "the content is longer than the {MAX_WRITE} bytes one write carries"
+            )));
+        }
+        let bytes = a.content.len();
+        let req = SandboxRequest::Write(WriteRequest {
+            path: a.path.clone(),
+            content: a.content,
+        });
+        self.answer(&a.sandbox, req, false, |r| {
+            matches!(r, ToolReply::Write { .. })
+                .then(|| format!("wrote {bytes} bytes to {}", a.path))
+        })
+        .await
+    }
+
+    /// Replace the one exact occurrence of old_string in a file with new_string; if it occurs
+    /// zero or several times nothing changes and the result says so.
+    #[tool(annotations(
+        read_only_hint = false,
+        destructive_hint = false,
+        open_world_hint = false
+    ))]
+    async fn edit_file(
+        &self,
+        Parameters(a): Parameters<EditFileArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let req = SandboxRequest::Edit(EditRequest {
+            path: a.path.clone(),
+            old: a.old_string,
+            new: a.new_string,
+        });
+        self.answer(&a.sandbox, req, false, |r| {
+            let ToolReply::Edit { bytes, line } = r else {
+                return None;
+            };
+            Some(format!(
+                "edited {}: replaced at line {line} ({bytes} bytes now)",
+                a.path
+            ))
+        })
+        .await
+    }
+
+    /// List a directory in a sandbox: mode, size and name of each entry (at most 1000).
+    #[tool(annotations(read_only_hint = true, open_world_hint = false))]
+    async fn list_dir(
+        &self,
+        Parameters(a): Parameters<PathArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let req = SandboxRequest::Ls(LsRequest {
+            path: a.path.clone(),
+        });
+        self.answer(&a.sandbox, req, false, |r| {
+            let ToolReply::Ls(out) = r else { return None };
+            let mut text = tools::ls_text(&out);
+            if out.truncated {
+                text.push_str(&format!(
+                    "[truncated: only the first {} entries are listed]\n",
+                    out.entries.len()
+                ));
+            }
+            if text.is_empty() {
+                text = format!("{} is empty\n", a.path);
+            }
+            Some(text)
+        })
+        .await
+    }
+
+    /// Write a checkpoint of the whole sandbox VM while it runs on; a new container can start
+    /// from it (annotation io.burrow.restore=NAME).
+    #[tool(annotations(
+        read_only_hint = false,
+        destructive_hint = false,
+        open_world_hint = false
+    ))]
+    async fn checkpoint(
+        &self,
+        Parameters(a): Parameters<CheckpointArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let (root, ns, id) = (self.root.clone(), self.namespace.clone(), a.sandbox.clone());
+        let name = a.name.clone();
+        let done = tokio::task::spawn_blocking(move || -> anyhow::Result<String> {
+            let dir = sandbox::sandbox_dir(&root, &ns, &id)?;
+            let reply = sandbox::request(
+                &dir,
+                &SandboxRequest::Checkpoint { name },
+                tools::WAKE_ALLOWANCE,
+            )?;
+            Ok(reply
+                .dir
+                .map(|d| d.display().to_string())
+                .unwrap_or_default())
+        })
+        .await
+        .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+        Ok(match done {
+            Ok(dir) => shown(redact(
+                &format!("checkpoint {} of {} written to {dir}", a.name, a.sandbox),
+                false,
+            )),
+            Err(e) => failed(format!("{e:#}")),
+        })
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for Burrow {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("burrow", env!("CARGO_PKG_VERSION")))
+            .with_instructions(
+                "Tools of burrow sandboxes (KVM microVMs): run commands, read and edit files. \
+                 Every tool takes the sandbox's id (sandboxes_list). Output is capped; long \
+                 output is paged with read_output. Secrets in results are redacted.",
+            )
+    }
+}
+
+/// `burrow mcp`: serve on stdio until the client closes it.
+pub fn serve_stdio(root: PathBuf, namespace: String) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async {
+        let server = Burrow::new(root, namespace)
+            .serve(rmcp::transport::stdio())
+            .await
+            .context("starting the MCP session")?;
+        server.waiting().await.context("the MCP session")?;
+        anyhow::Ok(())
+    })
+}

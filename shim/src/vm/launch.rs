@@ -52,10 +52,19 @@ impl Launcher for VmmLauncher {
         } else {
             "booting"
         };
+        let started = std::time::Instant::now();
         let mut vmm = Vmm::spawn(args, &self.path("vmm.log"))?;
+        let spawned = started.elapsed();
         let _ = std::fs::write(self.path("vmm.pid"), vmm.pid.to_string());
         let ready = async {
             let agent = self.connect(&vmm, what).await?;
+            // Where a start's time goes (issue 16): the rest is in the
+            // sandbox's "created" line.
+            tracing::info!(
+                "{what}: burrow-vmm spawned in {} ms, its agent answered {} ms later",
+                spawned.as_millis(),
+                started.elapsed().saturating_sub(spawned).as_millis()
+            );
             if restoring {
                 // A restored guest continues with the clock and RNG state
                 // of its snapshot.

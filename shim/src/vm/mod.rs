@@ -319,12 +319,14 @@ impl VmSandbox {
             )));
         }
         let (guest_spec, spec_json) = self.guest_spec(c)?;
+        let started = Instant::now();
         let rootfs = rootfs::prepare(
             c,
             &self.path(&format!("{}.rootfs.img", c.id)),
             cfg.rootfs_slack_mib,
         )
         .await?;
+        let rootfs_ms = started.elapsed().as_millis();
         self.registry().insert(
             c.id.clone(),
             Contents {
@@ -358,13 +360,26 @@ impl VmSandbox {
             size.memory_mib,
             args.describe()
         );
-        self.vm
+        let booting = Instant::now();
+        let (pid, guest_ms) = self
+            .vm
             .start(args, |agent| async move {
-                agent
+                let t = Instant::now();
+                let pid = agent
                     .create_container(&c.id, &spec_json, guest_rootfs, c.stdin)
-                    .await
+                    .await?;
+                Ok((pid, t.elapsed().as_millis()))
             })
-            .await
+            .await?;
+        tracing::info!(
+            "{}: created in {} ms: root filesystem {} ms, VM to agent ready {} ms, container in the guest {} ms",
+            c.id,
+            started.elapsed().as_millis(),
+            rootfs_ms,
+            booting.elapsed().as_millis().saturating_sub(guest_ms),
+            guest_ms
+        );
+        Ok(pid)
     }
 
     async fn restore_inner(&self, cfg: &Config, c: &ContainerConfig, dir: &Path) -> Result<u32> {

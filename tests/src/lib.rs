@@ -167,6 +167,10 @@ pub mod agent_vm {
                 "2",
                 "--append",
                 append,
+                // The nested test host now and then loses a halted vCPU's
+                // wakeup; kick them as the VMM's old 200 ms probe did.
+                "--vcpu-kick-ms",
+                "200",
             ]);
         for d in disks {
             let mut arg = d.path.as_os_str().to_owned();

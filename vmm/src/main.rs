@@ -245,6 +245,8 @@ fn run(args: RunArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let mut vmm = vmm;
+    vmm.kick_vcpus_every(args.vcpu_kick_ms);
     let reason = vmm.run(api, !args.paused);
     if let Some(p) = &args.api {
         let _ = std::fs::remove_file(p);

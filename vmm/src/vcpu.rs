@@ -152,6 +152,12 @@ impl VcpuControl {
         done(&st)
     }
 
+    /// Kick every vCPU out of KVM_RUN once; each re-enters at once (see
+    /// `--vcpu-kick-ms`).
+    pub fn nudge(&self, threads: &[JoinHandle<()>]) {
+        Self::kick(threads);
+    }
+
     /// Park every vCPU. Returns false if they did not all park in time.
     pub fn pause(&self, threads: &[JoinHandle<()>]) -> bool {
         lock(&self.state).want = Want::Pause;

@@ -130,6 +130,8 @@ struct MmioDevice {
 
 /// A built VM, ready to start.
 pub struct Vmm {
+    /// `--vcpu-kick-ms` (0: never).
+    kick_ms: u32,
     _kvm: Kvm,
     vm: VmFd,
     mem: GuestMemoryMmap,
@@ -298,6 +300,7 @@ impl Vmm {
             _kvm: p.kvm,
             vm: p.vm,
             mem: p.mem,
+            kick_ms: 0,
             vcpu_count: p.vcpu_count,
             mem_mib: p.mem_mib,
             dirty_log: p.dirty_log,
@@ -412,6 +415,13 @@ impl Vmm {
         })
     }
 
+    /// Kick the vCPUs out of KVM_RUN every `ms` (0: never) while the VM
+    /// runs and has more than one: the nested test host's workaround (see
+    /// `--vcpu-kick-ms`).
+    pub fn kick_vcpus_every(&mut self, ms: u32) {
+        self.kick_ms = if self.vcpu_count > 1 { ms } else { 0 };
+    }
+
     /// Run the VM until it exits. With `autostart` the vCPUs start now;
     /// otherwise they wait for a `start` command on the API socket.
     pub fn run(mut self, api_listener: Option<UnixListener>, autostart: bool) -> ExitReason {
@@ -467,10 +477,13 @@ impl Vmm {
             self.start()?;
         }
         let mut events = [EpollEvent::default(); 32];
+        let kick_every = (self.kick_ms > 0).then(|| std::time::Duration::from_millis(self.kick_ms.into()));
+        let mut last_kick = std::time::Instant::now();
         loop {
             let mut out_events: Vec<Event> = Vec::new();
             let mut exit: Option<ExitReason> = None;
-            let n = match epoll.wait(-1, &mut events) {
+            let timeout = kick_every.map_or(-1, |d| i32::try_from(d.as_millis()).unwrap_or(i32::MAX));
+            let n = match epoll.wait(timeout, &mut events) {
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => 0,
                 Err(e) => return Err(VmmError::Io("epoll_wait", e)),
@@ -556,6 +569,13 @@ impl Vmm {
                 }
             }
             let _ = stdin_on;
+
+            if let Some(d) = kick_every {
+                if self.state == VmState::Running && last_kick.elapsed() >= d {
+                    last_kick = std::time::Instant::now();
+                    self.control.nudge(&self.threads);
+                }
+            }
 
             if let Some(mut r) = exit {
                 if self.panicked.load(Ordering::SeqCst)

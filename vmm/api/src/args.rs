@@ -126,6 +126,13 @@ pub struct VmmArgs {
     /// a shim that dies leaves no VM behind. The shim always passes it.
     #[arg(long)]
     pub exit_with_parent: bool,
+    /// Kick every vCPU out of KVM_RUN this often (ms; 0: never, the
+    /// default) when the VM has more than one. Only for the nested test
+    /// host, whose emulated SVM now and then loses the wakeup of a halted
+    /// vCPU (an IPI), stalling the guest until something else kicks it;
+    /// hardware KVM never needs it, and it wakes an idle VM.
+    #[arg(long, default_value_t = 0)]
+    pub vcpu_kick_ms: u32,
     /// Confinement: see [`crate::jail`].
     #[command(flatten)]
     pub jail: crate::jail::JailArgs,
@@ -153,6 +160,7 @@ impl VmmArgs {
             api: None,
             paused: false,
             exit_with_parent: false,
+            vcpu_kick_ms: 0,
             jail: crate::jail::JailArgs::default(),
         }
     }
@@ -217,6 +225,9 @@ impl VmmArgs {
         }
         if self.log_max != DEFAULT_LOG_MAX {
             flag("log-max", self.log_max.to_string().into());
+        }
+        if self.vcpu_kick_ms != 0 {
+            flag("vcpu-kick-ms", self.vcpu_kick_ms.to_string().into());
         }
         if self.paused {
             a.push("--paused".into());

@@ -33,28 +33,15 @@ pub fn is_jail_state_dir(meta: &std::fs::Metadata) -> bool {
 
 /// The pids in the `vmm.pid` files under `dir`, with their sandbox ids.
 fn vmm_pids(dir: &Path) -> Vec<(String, String)> {
-    let mut pids = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(p) = stack.pop() {
-        if p.file_name().is_some_and(|n| n == "vmm.pid") {
+    crate::containerd::walk(dir)
+        .into_iter()
+        .filter(|p| p.file_name().is_some_and(|n| n == "vmm.pid"))
+        .filter_map(|p| {
             let id = p.parent().and_then(Path::file_name).unwrap_or_default();
-            let id = id.to_string_lossy().into_owned();
-            pids.extend(
-                std::fs::read_to_string(&p)
-                    .ok()
-                    .map(|s| (s.trim().to_string(), id)),
-            );
-        } else if p.is_dir() {
-            stack.extend(
-                std::fs::read_dir(&p)
-                    .into_iter()
-                    .flatten()
-                    .flatten()
-                    .map(|e| e.path()),
-            );
-        }
-    }
-    pids
+            let pid = std::fs::read_to_string(&p).ok()?;
+            Some((pid.trim().to_string(), id.to_string_lossy().into_owned()))
+        })
+        .collect()
 }
 
 impl Containerd {

@@ -76,6 +76,19 @@ pub struct VmSandbox {
     me: Weak<VmSandbox>,
 }
 
+/// What the agent mounts as container `c`'s root: the guest's `source`,
+/// read-only when the image or the spec asks.
+fn guest_rootfs(c: &ContainerConfig, rootfs: &GuestRootfs, source: String) -> pb::Rootfs {
+    let read_only = wants_read_only(c, rootfs);
+    pb::Rootfs {
+        source,
+        fstype: rootfs.fstype.clone(),
+        options: if read_only { vec!["ro".into()] } else { vec![] },
+        writable_overlay: false,
+        ..Default::default()
+    }
+}
+
 /// Whether container `c`'s root filesystem is mounted read-only.
 fn wants_read_only(c: &ContainerConfig, rootfs: &GuestRootfs) -> bool {
     rootfs.read_only
@@ -305,6 +318,27 @@ impl VmSandbox {
         Ok((guest_spec, spec_json))
     }
 
+    /// Build container `c`'s root filesystem image and register it, with
+    /// the spec the guest gets.
+    async fn prepare_rootfs(
+        &self,
+        cfg: &Config,
+        c: &ContainerConfig,
+        guest_spec: serde_json::Value,
+    ) -> Result<GuestRootfs> {
+        let image = self.path(&format!("{}.rootfs.img", c.id));
+        let rootfs = rootfs::prepare(c, &image, cfg.rootfs_slack_mib).await?;
+        self.registry().insert(
+            c.id.clone(),
+            Contents {
+                rootfs: rootfs.clone(),
+                guest_id: c.id.clone(),
+                spec: guest_spec,
+            },
+        );
+        Ok(rootfs)
+    }
+
     /// Boot the VM for container `c` on its rootfs, with `slots` empty
     /// block slots (a pod's further containers).
     async fn create_inner(&self, cfg: &Config, c: &ContainerConfig, slots: u32) -> Result<u32> {
@@ -320,29 +354,9 @@ impl VmSandbox {
         }
         let (guest_spec, spec_json) = self.guest_spec(c)?;
         let started = Instant::now();
-        let rootfs = rootfs::prepare(
-            c,
-            &self.path(&format!("{}.rootfs.img", c.id)),
-            cfg.rootfs_slack_mib,
-        )
-        .await?;
+        let rootfs = self.prepare_rootfs(cfg, c, guest_spec).await?;
         let rootfs_ms = started.elapsed().as_millis();
-        self.registry().insert(
-            c.id.clone(),
-            Contents {
-                rootfs: rootfs.clone(),
-                guest_id: c.id.clone(),
-                spec: guest_spec,
-            },
-        );
-        let read_only = wants_read_only(c, &rootfs);
-        let guest_rootfs = pb::Rootfs {
-            source: GUEST_ROOT_DEVICE.into(),
-            fstype: rootfs.fstype.clone(),
-            options: if read_only { vec!["ro".into()] } else { vec![] },
-            writable_overlay: false,
-            ..Default::default()
-        };
+        let guest_rootfs = guest_rootfs(c, &rootfs, GUEST_ROOT_DEVICE.into());
         let size = spec::vm_size(&c.spec, cfg);
         let mut args = self.vmm_args(
             cfg,

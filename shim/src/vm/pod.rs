@@ -21,11 +21,9 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use burrow_protocol::agent as pb;
 use burrow_vmm_api::Command;
 
-use super::checkpoint::Contents;
-use super::{rootfs, vmm, VmSandbox};
+use super::{vmm, VmSandbox};
 use crate::config::Config;
 use crate::sandbox::{ContainerConfig, Result, SandboxError};
 use crate::spec;
@@ -182,17 +180,7 @@ impl VmSandbox {
             .ok_or_else(|| SandboxError::InvalidArgument("the OCI spec is too large".into()))?;
         let slot = self.slots.take(&c.id)?;
         let r = async {
-            let image = self.path(&format!("{}.rootfs.img", c.id));
-            let rootfs = rootfs::prepare(c, &image, cfg.rootfs_slack_mib).await?;
-            let read_only = super::wants_read_only(c, &rootfs);
-            self.registry().insert(
-                c.id.clone(),
-                Contents {
-                    rootfs: rootfs.clone(),
-                    guest_id: c.id.clone(),
-                    spec: guest_spec,
-                },
-            );
+            let rootfs = self.prepare_rootfs(cfg, c, guest_spec).await?;
             // Opened here and passed: a jailed VMM cannot open host paths.
             let disk = std::fs::File::options()
                 .read(true)
@@ -210,13 +198,7 @@ impl VmSandbox {
             )
             .await?;
             tracing::info!("{}: root filesystem in slot {slot}", c.id);
-            let guest_rootfs = pb::Rootfs {
-                source: guest_source(slot),
-                fstype: rootfs.fstype.clone(),
-                options: if read_only { vec!["ro".into()] } else { vec![] },
-                writable_overlay: false,
-                ..Default::default()
-            };
+            let guest_rootfs = super::guest_rootfs(c, &rootfs, guest_source(slot));
             handle
                 .agent
                 .create_container(&c.id, &spec_json, guest_rootfs, c.stdin)

@@ -65,12 +65,14 @@ fn exit_with_parent(parent: libc::pid_t) -> anyhow::Result<()> {
     // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, parent, 0) };
     let fd = libc::c_int::try_from(fd).unwrap_or(-1);
-    if fd < 0 {
-        anyhow::bail!("pidfd_open of the parent (pid {parent}): {}", std::io::Error::last_os_error());
-    }
+    let open_error = std::io::Error::last_os_error();
+    // Checked after the open: a parent that exits later is seen by the pidfd.
     // SAFETY: getppid has no preconditions.
     if unsafe { libc::getppid() } != parent {
         anyhow::bail!("the process that started it (pid {parent}) exited while the VM was built");
+    }
+    if fd < 0 {
+        anyhow::bail!("pidfd_open of the parent (pid {parent}): {open_error}");
     }
     std::thread::Builder::new()
         .name("parent-watch".into())
@@ -210,10 +212,6 @@ fn confine(args: &RunArgs, parent: libc::pid_t) -> anyhow::Result<()> {
     }
     seccomp::prepare(!j.no_seccomp)?;
     if args.exit_with_parent {
-        // SAFETY: getppid has no preconditions.
-        if unsafe { libc::getppid() } != parent {
-            anyhow::bail!("the process that started it (pid {parent}) exited while the VM was built");
-        }
         exit_with_parent(parent)?;
     }
     seccomp::apply(seccomp::Thread::Vmm)?;

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::ffi::CString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -10,7 +10,8 @@ use burrow_protocol::agent::*;
 use burrow_protocol::ttrpc::{self, r#async::TtrpcContext};
 use burrow_protocol::{async_trait, MAX_CHUNK};
 
-use crate::container::{self, Container};
+use crate::container::cgroup::{self, Cgroup};
+use crate::container::{self, Confine, Container};
 use crate::error::{invalid, AgentError, Result};
 use crate::fs::{self, CleanPath};
 use crate::process::Process;
@@ -94,16 +95,48 @@ impl AgentService {
                 return Err(AgentError::FailedPrecondition("too many containers".into()));
             }
         }
+        // The cgroup first: resources the guest kernel cannot apply are a
+        // clear error with nothing mounted.
+        let cgroup = if self.pid1 {
+            let resources = spec.linux().as_ref().and_then(|l| l.resources().clone());
+            let id = req.container_id.clone();
+            Some(
+                tokio::task::spawn_blocking(move || {
+                    Cgroup::create(Path::new(cgroup::MOUNT), &id, resources.as_ref())
+                })
+                .await
+                .map_err(|e| AgentError::Internal(format!("cgroup task failed: {e}")))??,
+            )
+        } else {
+            None
+        };
+        let confine = Confine { seccomp, cgroup };
+        let undo = |bundle: Option<&Path>| {
+            if let Some(b) = bundle {
+                container::unmount_container(b);
+            }
+            if let Some(cg) = &confine.cgroup {
+                cg.remove();
+            }
+        };
         let bundle = self.state_dir.join("containers").join(&req.container_id);
         let (b, s) = (bundle.clone(), spec.clone());
         let rootfs_path =
-            tokio::task::spawn_blocking(move || container::mount_container(&b, &s, &rootfs))
+            match tokio::task::spawn_blocking(move || container::mount_container(&b, &s, &rootfs))
                 .await
-                .map_err(|e| AgentError::Internal(format!("mount task failed: {e}")))??;
+                .map_err(|e| AgentError::Internal(format!("mount task failed: {e}")))
+                .and_then(|r| r)
+            {
+                Ok(p) => p,
+                Err(e) => {
+                    undo(None);
+                    return Err(e);
+                }
+            };
         let pid_masks = match container::pid_namespace(&spec) {
             Ok(m) => m,
             Err(e) => {
-                container::unmount_container(&bundle);
+                undo(Some(&bundle));
                 return Err(e);
             }
         };
@@ -126,13 +159,13 @@ impl AgentService {
                 pid: pid_masks,
                 join: container::pod_namespaces(&spec)?,
             };
-            container::start_process("", process, &rootfs_path, ns, &seccomp, req.stdin, true).await
+            container::start_process("", process, &rootfs_path, ns, &confine, req.stdin, true).await
         }
         .await;
         let init = match started {
             Ok(p) => p,
             Err(e) => {
-                container::unmount_container(&bundle);
+                undo(Some(&bundle));
                 return Err(e);
             }
         };
@@ -143,7 +176,7 @@ impl AgentService {
             rootfs: rootfs_path,
             own_pid_ns,
             processes: Mutex::new(HashMap::from([(String::new(), Arc::new(init))])),
-            seccomp,
+            confine,
         };
         self.containers
             .lock()
@@ -192,11 +225,17 @@ impl AgentService {
                 tracing::warn!(container = %id, pid = p.pid, "process did not exit after SIGKILL");
             }
         }
-        if let Some(bundle) = c.bundle.clone() {
-            tokio::task::spawn_blocking(move || container::unmount_container(&bundle))
-                .await
-                .map_err(|e| AgentError::Internal(format!("unmount task failed: {e}")))?;
-        }
+        tokio::task::spawn_blocking(move || {
+            // What the container forked outside the agent's view goes too.
+            if let Some(cg) = &c.confine.cgroup {
+                cg.remove();
+            }
+            if let Some(bundle) = &c.bundle {
+                container::unmount_container(bundle);
+            }
+        })
+        .await
+        .map_err(|e| AgentError::Internal(format!("unmount task failed: {e}")))?;
         tracing::info!(container = %id, "container deleted");
         Ok(())
     }
@@ -240,7 +279,7 @@ impl AgentService {
                 &oci,
                 &pty_root,
                 ns,
-                &c.seccomp,
+                &c.confine,
                 req.stdin,
                 false,
             )
@@ -346,8 +385,21 @@ impl burrow_protocol::Agent for AgentService {
         req: WaitOomKillRequest,
     ) -> TResult<WaitOomKillResponse> {
         let mut log = crate::oom::KernelLog::open();
+        let cgroup = if req.container_id.is_empty() {
+            None
+        } else {
+            Some(self.container(&req.container_id)?)
+        };
         loop {
-            let kills = crate::init::oom_kills()?;
+            // The kernel logs each kill before it counts it in memory.events.
+            if cgroup.is_some() {
+                // Gone: no more kills to wait for.
+                self.container(&req.container_id)?;
+            }
+            let kills = match cgroup.as_ref().and_then(|c| c.confine.cgroup.as_ref()) {
+                Some(cg) => cg.usage().oom_kills,
+                None => crate::init::oom_kills()?,
+            };
             if kills > req.seen {
                 let mut r = WaitOomKillResponse::new();
                 r.kills = kills;
@@ -439,10 +491,23 @@ impl burrow_protocol::Agent for AgentService {
         let init = c.process("").ok().map(|p| p.pid);
         let running = c.all_processes().iter().filter(|p| p.running()).count() as u64;
         let own_pid_ns = c.own_pid_ns;
+        let has_cgroup = c.confine.cgroup.is_some();
         let mut r = tokio::task::spawn_blocking(move || -> Result<ContainerStatsResponse> {
             let mut r = ContainerStatsResponse::new();
-            r.cpu_usage_usec = crate::stats::cpu_usec()?;
             (r.memory_usage_bytes, r.memory_total_bytes) = crate::stats::memory()?;
+            if let Some(cg) = &c.confine.cgroup {
+                // The container's own share of the VM.
+                let u = cg.usage();
+                r.cpu_usage_usec = u.cpu_usec;
+                r.memory_usage_bytes = u.memory_bytes;
+                r.memory_total_bytes = u
+                    .memory_limit
+                    .map_or(r.memory_total_bytes, |l| l.min(r.memory_total_bytes));
+                r.pids = u.pids;
+                r.oom_kills = u.oom_kills;
+                return Ok(r);
+            }
+            r.cpu_usage_usec = crate::stats::cpu_usec()?;
             r.pids = match init {
                 Some(pid) if own_pid_ns => crate::stats::processes_in_pid_namespace_of(pid),
                 _ => 0,
@@ -451,11 +516,40 @@ impl burrow_protocol::Agent for AgentService {
         })
         .await
         .map_err(|e| AgentError::Internal(format!("stats task failed: {e}")))??;
-        if !own_pid_ns {
+        if !own_pid_ns && !has_cgroup {
             // Sharing the guest's PID namespace: count what the agent started.
             r.pids = running;
         }
         Ok(r)
+    }
+
+    async fn update_container(
+        &self,
+        _ctx: &TtrpcContext,
+        req: UpdateContainerRequest,
+    ) -> TResult<Empty> {
+        if req.resources.len() > burrow_protocol::MAX_SPEC_BYTES {
+            return Err(invalid("resources are too large").into());
+        }
+        let resources: oci_spec::runtime::LinuxResources =
+            serde_json::from_slice(&req.resources)
+                .map_err(|e| invalid(format!("bad linux.resources: {e}")))?;
+        let c = self.container(&req.container_id)?;
+        if c.id.is_empty() || c.confine.cgroup.is_none() {
+            return Err(AgentError::FailedPrecondition(format!(
+                "container {:?} has no cgroup to update",
+                req.container_id
+            ))
+            .into());
+        }
+        tokio::task::spawn_blocking(move || match &c.confine.cgroup {
+            Some(cg) => cg.apply(&resources),
+            None => Ok(()),
+        })
+        .await
+        .map_err(|e| AgentError::Internal(format!("update task failed: {e}")))??;
+        tracing::info!(container = %req.container_id, "resources updated");
+        Ok(empty())
     }
 
     async fn exec_process(

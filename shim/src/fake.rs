@@ -327,10 +327,11 @@ impl Sandbox for FakeSandbox {
             memory_bytes: 1 << 20,
             memory_limit_bytes: 1 << 29,
             pids: 1,
+            oom_kills: self.lock().oom_kills,
         })
     }
 
-    async fn wait_oom(&self, seen: u64) -> Result<u64> {
+    async fn wait_oom(&self, _id: &str, seen: u64) -> Result<u64> {
         loop {
             let notified = self.changed.notified();
             {
@@ -346,8 +347,14 @@ impl Sandbox for FakeSandbox {
         }
     }
 
-    async fn oom_kills(&self) -> Result<u64> {
+    async fn oom_kills(&self, _id: &str) -> Result<u64> {
         Ok(self.lock().oom_kills)
+    }
+
+    async fn update_resources(&self, id: &str, resources: &[u8]) -> Result<()> {
+        let r = String::from_utf8_lossy(resources);
+        self.lock().calls.push(format!("update {id} {r}"));
+        Ok(())
     }
 
     fn named_checkpoint(&self, name: &str) -> Result<std::path::PathBuf> {

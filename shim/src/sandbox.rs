@@ -94,6 +94,7 @@ pub struct SandboxStats {
     pub memory_bytes: u64,
     pub memory_limit_bytes: u64,
     pub pids: u64,
+    pub oom_kills: u64,
 }
 
 /// What the sandbox does once a checkpoint is written.
@@ -220,12 +221,20 @@ pub trait Sandbox: Send + Sync + 'static {
     async fn resize_pty(&self, id: &str, exec_id: &str, rows: u32, cols: u32) -> Result<()>;
     /// The processes of a container.
     async fn processes(&self, id: &str) -> Result<Vec<ProcessEntry>>;
-    /// Wait until the sandbox's OOM killer has killed more than `seen`
-    /// processes in all; returns that total. Fails when the sandbox dies.
-    async fn wait_oom(&self, seen: u64) -> Result<u64>;
-    /// How many processes the sandbox's OOM killer has killed so far (a
-    /// restored guest remembers the kills from before its checkpoint).
-    async fn oom_kills(&self) -> Result<u64>;
+    /// Wait until the OOM killer has killed more than `seen` processes of
+    /// container `id` in all; returns that total. Fails when the sandbox
+    /// or the container is gone.
+    async fn wait_oom(&self, id: &str, seen: u64) -> Result<u64>;
+    /// How many processes of container `id` the OOM killer has killed so
+    /// far (a restored guest remembers the kills from before its checkpoint).
+    async fn oom_kills(&self, id: &str) -> Result<u64>;
+    /// New resource limits (OCI `linux.resources`, JSON) for container `id`.
+    async fn update_resources(&self, id: &str, resources: &[u8]) -> Result<()> {
+        let _ = (id, resources);
+        Err(SandboxError::Unimplemented(
+            "this sandbox cannot update resources".into(),
+        ))
+    }
     /// Freeze the whole sandbox (all vCPUs).
     async fn pause(&self) -> Result<()>;
     /// Thaw it.

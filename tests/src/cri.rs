@@ -208,6 +208,17 @@ impl Cri {
         name: &str,
         cmd: &[&str],
     ) -> Result<String, tonic::Status> {
+        self.create_container_with(pod, name, cmd, None)
+    }
+
+    /// [`Cri::create_container`] with the container's resource limits.
+    pub fn create_container_with(
+        &self,
+        pod: &Pod,
+        name: &str,
+        cmd: &[&str],
+        resources: Option<cri::LinuxContainerResources>,
+    ) -> Result<String, tonic::Status> {
         let req = cri::CreateContainerRequest {
             pod_sandbox_id: pod.id.clone(),
             config: Some(cri::ContainerConfig {
@@ -223,6 +234,7 @@ impl Cri {
                 log_path: format!("{name}.log"),
                 // As the kubelet asks for a pod without shareProcessNamespace.
                 linux: Some(cri::LinuxContainerConfig {
+                    resources,
                     security_context: Some(cri::LinuxContainerSecurityContext {
                         namespace_options: pod
                             .config
@@ -232,7 +244,6 @@ impl Cri {
                             .and_then(|s| s.namespace_options.clone()),
                         ..Default::default()
                     }),
-                    ..Default::default()
                 }),
                 ..Default::default()
             }),
@@ -303,6 +314,33 @@ impl Cri {
             stdout: String::from_utf8_lossy(&r.stdout).into_owned(),
             stderr: String::from_utf8_lossy(&r.stderr).into_owned(),
         }
+    }
+
+    /// ContainerStats of `id`.
+    pub fn stats(&self, id: &str) -> cri::ContainerStats {
+        let req = cri::ContainerStatsRequest {
+            container_id: id.into(),
+        };
+        self.call(|mut c| async move { c.container_stats(req).await })
+            .unwrap_or_else(|e| panic!("ContainerStats {id}: {e}"))
+            .stats
+            .unwrap_or_else(|| panic!("ContainerStats {id}: no stats"))
+    }
+
+    /// UpdateContainerResources of `id` to `linux`.
+    pub fn update_resources(&self, id: &str, linux: cri::LinuxContainerResources) {
+        let req = cri::UpdateContainerResourcesRequest {
+            container_id: id.into(),
+            linux: Some(linux),
+            ..Default::default()
+        };
+        self.call(|mut c| async move { c.update_container_resources(req).await })
+            .unwrap_or_else(|e| {
+                panic!(
+                    "UpdateContainerResources {id}: {e}\n{}",
+                    self.containerd.diagnostics()
+                )
+            });
     }
 
     /// StopPodSandbox and RemovePodSandbox (its containers go with it).

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use burrow_tests::containerd::{walk, CLEAN};
 use burrow_tests::cri::{Cri, Pod};
+use k8s_cri::v1 as cri;
 
 /// Two containers in one pod, each writing a file only it should see.
 fn pod_of_two(cri: &Cri, handler: &str) -> (Pod, Vec<String>) {
@@ -159,4 +160,95 @@ fn runc_pod_runs_its_containers_on_the_host_kernel() {
     namespaces_are_the_pods(&cri, &ids);
     cri.remove_pod(&pod.id);
     cri.containerd.assert_clean(CLEAN);
+}
+
+const MIB: i64 = 1 << 20;
+
+fn memory_limit(bytes: i64) -> cri::LinuxContainerResources {
+    cri::LinuxContainerResources {
+        memory_limit_in_bytes: bytes,
+        ..Default::default()
+    }
+}
+
+/// What ContainerStats says `id` has in memory.
+fn working_set(cri: &Cri, id: &str) -> u64 {
+    cri.stats(id)
+        .memory
+        .and_then(|m| m.working_set_bytes)
+        .map(|v| v.value)
+        .unwrap_or_else(|| panic!("no working set for {id}"))
+}
+
+/// One 48 MiB buffer, filled (dd is the only process holding it, so it is
+/// the one the OOM killer picks).
+const ALLOC_48M: [&str; 5] = ["dd", "if=/dev/zero", "of=/dev/null", "bs=48M", "count=1"];
+
+/// Each container of a pod has its own memory limit, usage and OOM kills:
+/// a container's limit holds however much memory the pod has, its OOM
+/// kill leaves its siblings alone, the limit can be raised while it runs,
+/// and ContainerStats counts each container's own memory.
+fn limits_are_each_containers_own(cri: &Cri, handler: &str) {
+    let pod = cri.run_pod(&format!("limits-{handler}"), handler);
+    let forever = ["sleep", "2147483647"];
+    let tight = cri
+        .create_container_with(&pod, "tight", &forever, Some(memory_limit(32 * MIB)))
+        .unwrap();
+    cri.start_container(&tight);
+    let free = cri.create_container(&pod, "free", &forever).unwrap();
+    cri.start_container(&free);
+
+    // 16 MB held by a shell in `free`: its working set grows, tight's not.
+    let (free0, tight0) = (working_set(cri, &free), working_set(cri, &tight));
+    let hold = "x=$(yes | head -c 16000000); sleep 600 </dev/null >/dev/null 2>&1";
+    let e = cri.exec(&free, &["sh", "-c", &format!("({hold}) >/dev/null 2>&1 &")]);
+    assert_eq!(e.code, 0, "{e:?}");
+    let start = Instant::now();
+    loop {
+        let grown = working_set(cri, &free).saturating_sub(free0);
+        if grown > 12_000_000 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "{handler}: free's working set grew only {grown} bytes (from {free0})"
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let tight1 = working_set(cri, &tight);
+    assert!(
+        tight1 < tight0 + 8_000_000,
+        "{handler}: tight's working set went {tight0} -> {tight1} with free's memory"
+    );
+
+    // Past its 32 MiB: the OOM killer, in tight only.
+    let e = cri.exec(&tight, &ALLOC_48M);
+    assert_eq!(
+        e.code,
+        128 + 9,
+        "{handler}: 48 MiB in a container limited to 32 MiB was not OOM-killed: {e:?}"
+    );
+    for id in [&tight, &free] {
+        let e = cri.exec(id, &["echo", "alive"]);
+        assert_eq!((e.code, e.stdout.trim()), (0, "alive"), "{handler}: {e:?}");
+    }
+    // Raised while running: the same allocation fits.
+    cri.update_resources(&tight, memory_limit(256 * MIB));
+    let e = cri.exec(&tight, &ALLOC_48M);
+    assert_eq!(e.code, 0, "{handler}: 48 MiB under a 256 MiB limit: {e:?}");
+
+    cri.remove_pod(&pod.id);
+    cri.containerd.assert_clean(CLEAN);
+}
+
+#[test]
+fn burrow_pod_containers_have_their_own_limits_and_stats() {
+    let cri = Cri::start_with("cri-burrow-limits", "pod_disk_slots = 2");
+    limits_are_each_containers_own(&cri, "burrow");
+}
+
+#[test]
+fn runc_pod_containers_have_their_own_limits_and_stats() {
+    let cri = Cri::start("cri-runc-limits");
+    limits_are_each_containers_own(&cri, "runc");
 }

@@ -12,6 +12,7 @@
 //! small for a fast-booting initramfs. What a container needs inside an
 //! already isolating VM is a short list of system calls (see `spawn`).
 
+pub mod cgroup;
 mod mounts;
 mod plan;
 mod podns;
@@ -50,8 +51,16 @@ pub struct Container {
     pub rootfs: PathBuf,
     /// Processes by exec id; "" is the init.
     pub processes: Mutex<HashMap<String, Arc<Process>>>,
-    /// Its `linux.seccomp`, compiled: every process in it gets it.
+    /// What confines every process in it.
+    pub confine: Confine,
+}
+
+/// What every process of a container gets: its `linux.seccomp`, compiled,
+/// and its cgroup (none for the guest itself, or in test mode).
+#[derive(Debug, Default)]
+pub struct Confine {
     pub seccomp: seccomp::Seccomp,
+    pub cgroup: Option<cgroup::Cgroup>,
 }
 
 impl Container {
@@ -62,7 +71,7 @@ impl Container {
             own_pid_ns: false,
             rootfs: PathBuf::from("/"),
             processes: Mutex::new(HashMap::new()),
-            seccomp: seccomp::Seccomp::default(),
+            confine: Confine::default(),
         }
     }
 
@@ -129,12 +138,17 @@ pub async fn start_process(
     p: &OciProcess,
     pty_root: &Path,
     namespaces: Namespaces,
-    seccomp: &seccomp::Seccomp,
+    confine: &Confine,
     want_stdin: bool,
     gated: bool,
 ) -> Result<Process> {
     let mut plan = plan(p, namespaces)?;
-    plan.seccomp = seccomp.clone();
+    plan.seccomp = confine.seccomp.clone();
+    plan.cgroup_procs = confine
+        .cgroup
+        .as_ref()
+        .map(cgroup::Cgroup::procs)
+        .transpose()?;
     let late_terminal =
         plan.terminal && gated && matches!(plan.namespaces, Namespaces::NewContainer { .. });
     let size = p.console_size().map(|b| libc::winsize {

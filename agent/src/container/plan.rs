@@ -226,6 +226,7 @@ pub fn plan(p: &OciProcess, namespaces: Namespaces) -> Result<ChildPlan> {
         terminal: p.terminal().unwrap_or(false),
         pass_fds: Vec::new(),
         seccomp: Default::default(),
+        cgroup_procs: None,
         oom_score_adj: cstring(
             "oomScoreAdj",
             &p.oom_score_adj()

@@ -199,6 +199,11 @@ pub(super) unsafe fn child_main(
                 libc::signal(sig, libc::SIG_DFL);
             }
         }
+        if let Some(procs) = &plan.cgroup_procs {
+            if libc::write(procs.as_raw_fd(), c"0".as_ptr().cast(), 1) < 0 {
+                fail(status, "join the container's cgroup", errno());
+            }
+        }
         let adj = libc::open(
             c"/proc/self/oom_score_adj".as_ptr(),
             libc::O_WRONLY | libc::O_CLOEXEC,

@@ -117,6 +117,9 @@ pub struct ChildPlan {
     /// no_new_privileges) or before giving up root (without: installing
     /// then needs CAP_SYS_ADMIN), as runc does.
     pub seccomp: crate::container::seccomp::Seccomp,
+    /// The container's `cgroup.procs`: the child writes "0" into it first
+    /// thing, so that it and all it forks live in the container's cgroup.
+    pub cgroup_procs: Option<OwnedFd>,
 }
 
 /// Most extra fds a child may inherit.
@@ -406,6 +409,7 @@ mod tests {
             terminal: false,
             pass_fds: vec![a_w, b_w],
             seccomp: Default::default(),
+            cgroup_procs: None,
             oom_score_adj: cstrings(&["0"]).remove(0),
         };
         let stdio = ChildStdio {

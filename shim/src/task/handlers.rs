@@ -122,11 +122,9 @@ impl TaskService {
             let pid = self.sandbox().restore_container(&cfg, &from).await?;
             // The restored guest counts the OOM kills from before its
             // checkpoint: those are not news to this task.
-            match self.sandbox().oom_kills().await {
+            match self.sandbox().oom_kills(&req.id).await {
                 Ok(kills) => {
-                    self.inner
-                        .oom_seen
-                        .fetch_max(kills, std::sync::atomic::Ordering::SeqCst);
+                    self.seen_oom(&req.id, kills);
                 }
                 Err(e) => tracing::warn!("{}: reading the guest's OOM kills: {e}", req.id),
             }
@@ -591,15 +589,22 @@ impl Task for TaskService {
         req: api::UpdateTaskRequest,
     ) -> TtrpcResult<api::Empty> {
         self.lock().container(&req.id)?;
-        if req.resources.as_ref().is_some_and(|r| !r.value.is_empty()) {
+        let Some(any) = req.resources.as_ref().filter(|r| !r.value.is_empty()) else {
+            return Ok(api::Empty::default());
+        };
+        // containerd sends the OCI LinuxResources as JSON (typeurl).
+        if !any.type_url.ends_with("/LinuxResources") {
             return fail(
-                Code::UNIMPLEMENTED,
+                Code::INVALID_ARGUMENT,
                 format!(
-                    "updating the resources of task {} is not supported: a burrow VM's vCPUs and memory are fixed when it boots",
-                    req.id
+                    "task {}: resources of type {:?} are not Linux resources",
+                    req.id, any.type_url
                 ),
             );
         }
+        // The container's cgroup in the guest takes them; the VM's own
+        // vCPUs and memory stay as they booted.
+        self.sandbox().update_resources(&req.id, &any.value).await?;
         Ok(api::Empty::default())
     }
 

@@ -56,14 +56,10 @@ impl TaskService {
         (pumps, stdin_close)
     }
 
-    /// Publish containerd's TaskOOM for container `id` if the guest's OOM
-    /// kill count `kills` is news.
+    /// Publish containerd's TaskOOM for container `id` if its OOM kill
+    /// count `kills` is news.
     pub(super) async fn note_oom(&self, id: &str, kills: u64) {
-        let before = self
-            .inner
-            .oom_seen
-            .fetch_max(kills, std::sync::atomic::Ordering::SeqCst);
-        if kills > before {
+        if self.seen_oom(id, kills) {
             tracing::warn!("{id}: the guest's OOM killer killed a process ({kills} so far)");
             self.publish(TaskOOM {
                 container_id: id.to_string(),
@@ -73,20 +69,37 @@ impl TaskService {
         }
     }
 
-    fn oom_seen(&self) -> u64 {
-        self.inner
+    /// Record that container `id` has had `kills` OOM kills; true if that
+    /// is more than known before.
+    pub(super) fn seen_oom(&self, id: &str, kills: u64) -> bool {
+        let mut seen = self
+            .inner
             .oom_seen
-            .load(std::sync::atomic::Ordering::SeqCst)
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let before = seen.entry(id.to_string()).or_insert(0);
+        let news = kills > *before;
+        *before = (*before).max(kills);
+        news
     }
 
-    /// Publish TaskOOM for container `id` each time the sandbox's OOM
-    /// killer strikes, until the sandbox is gone.
+    fn oom_seen(&self, id: &str) -> u64 {
+        let seen = self
+            .inner
+            .oom_seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        seen.get(id).copied().unwrap_or(0)
+    }
+
+    /// Publish TaskOOM for container `id` each time the OOM killer strikes
+    /// in it, until it or the sandbox is gone.
     pub(super) fn spawn_oom_watcher(&self, id: String) {
         let this = self.clone();
         tokio::spawn(async move {
             tracing::info!("{id}: watching the guest's OOM kills");
             loop {
-                match this.inner.sandbox.wait_oom(this.oom_seen()).await {
+                match this.inner.sandbox.wait_oom(&id, this.oom_seen(&id)).await {
                     Ok(kills) => this.note_oom(&id, kills).await,
                     Err(e) => {
                         tracing::info!("{id}: no more OOM events: {e}");
@@ -111,7 +124,7 @@ impl TaskService {
             // OOM before the exit, as with runc. The guest counts the kill
             // before the process is gone, so this answers at once if so.
             if status == 128 + 9 {
-                let check = this.inner.sandbox.wait_oom(this.oom_seen());
+                let check = this.inner.sandbox.wait_oom(&id, this.oom_seen(&id));
                 if let Ok(Ok(kills)) = tokio::time::timeout(Duration::from_secs(1), check).await {
                     this.note_oom(&id, kills).await;
                 }

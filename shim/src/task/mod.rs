@@ -25,6 +25,7 @@ mod state;
 #[cfg(test)]
 mod tests;
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -57,8 +58,8 @@ struct Inner {
     exit: Arc<ExitSignal>,
     state: Mutex<State>,
     io_drain: Duration,
-    /// Guest OOM kills already published as TaskOOM.
-    oom_seen: std::sync::atomic::AtomicU64,
+    /// OOM kills already published as TaskOOM, by container.
+    oom_seen: Mutex<HashMap<String, u64>>,
 }
 
 /// The task service containerd talks to. Cheap to clone.
@@ -170,7 +171,7 @@ impl TaskService {
                 exit,
                 state: Mutex::new(State::default()),
                 io_drain,
-                oom_seen: std::sync::atomic::AtomicU64::new(0),
+                oom_seen: Mutex::new(HashMap::new()),
             }),
         }
     }

@@ -352,7 +352,23 @@ impl Agent {
             memory_bytes: r.memory_usage_bytes,
             memory_limit_bytes: r.memory_total_bytes,
             pids: r.pids,
+            oom_kills: r.oom_kills,
         })
+    }
+
+    /// New limits (OCI `linux.resources` JSON) for container `id`.
+    pub async fn update_container(&self, id: &str, resources: &[u8]) -> Result<()> {
+        let req = pb::UpdateContainerRequest {
+            container_id: id.into(),
+            resources: resources.to_vec(),
+            ..Default::default()
+        };
+        self.call(
+            "UpdateContainer",
+            self.client.update_container(Self::ctx(), &req),
+        )
+        .await
+        .map(drop)
     }
 
     pub async fn exec(&self, id: &str, exec_id: &str, process: &[u8], stdin: bool) -> Result<u32> {
@@ -399,10 +415,11 @@ impl Agent {
         })
     }
 
-    /// Block until the guest's OOM-kill count exceeds `seen`.
-    pub async fn wait_oom_kill(&self, seen: u64) -> Result<u64> {
+    /// Block until container `id`'s OOM-kill count exceeds `seen`.
+    pub async fn wait_oom_kill(&self, id: &str, seen: u64) -> Result<u64> {
         let mut req = pb::WaitOomKillRequest::new();
         req.seen = seen;
+        req.container_id = id.into();
         let r = self
             .call_unbounded("WaitOomKill", self.client.wait_oom_kill(Self::ctx(), &req))
             .await?;

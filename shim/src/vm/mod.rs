@@ -600,17 +600,33 @@ impl Sandbox for VmSandbox {
         Ok(chunk)
     }
 
-    async fn wait_oom(&self, seen: u64) -> Result<u64> {
+    async fn wait_oom(&self, id: &str, seen: u64) -> Result<u64> {
+        let gid = self.gid(id);
         self.vm
             .across_sleep(
-                || "OOM watch".to_string(),
-                |agent| async move { agent.wait_oom_kill(seen).await },
+                || format!("{id}: OOM watch"),
+                |agent| {
+                    let gid = gid.clone();
+                    async move { agent.wait_oom_kill(&gid, seen).await }
+                },
             )
             .await
     }
 
-    async fn oom_kills(&self) -> Result<u64> {
-        Ok(self.awake_agent().await?.health().await?.oom_kills)
+    async fn oom_kills(&self, id: &str) -> Result<u64> {
+        Ok(self
+            .awake_agent()
+            .await?
+            .stats(&self.gid(id))
+            .await?
+            .oom_kills)
+    }
+
+    async fn update_resources(&self, id: &str, resources: &[u8]) -> Result<()> {
+        self.awake_agent()
+            .await?
+            .update_container(&self.gid(id), resources)
+            .await
     }
 
     async fn write_stdin(&self, id: &str, exec_id: &str, data: &[u8]) -> Result<usize> {

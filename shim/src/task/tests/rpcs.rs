@@ -118,21 +118,34 @@ async fn terminal_resize() {
 async fn update_stats_checkpoint_connect() {
     let h = H::new();
     let pid = h.run("c", &["sleep"]).await;
-    let req = api::UpdateTaskRequest {
+    let update = |type_url: &str| api::UpdateTaskRequest {
         id: "c".into(),
         resources: MessageField::some(Any {
-            value: b"{}".to_vec(),
+            type_url: type_url.into(),
+            value: br#"{"memory":{"limit":1048576}}"#.to_vec(),
             ..Default::default()
         }),
         ..Default::default()
     };
     let err = h
         .svc
-        .update(&ctx(), req)
+        .update(&ctx(), update("types.containerd.io/WindowsResources"))
         .await
-        .expect_err("update resources");
-    assert_eq!(code(&err), Code::UNIMPLEMENTED);
-    assert!(message(&err).contains("fixed when it boots"));
+        .expect_err("update with other resources");
+    assert_eq!(code(&err), Code::INVALID_ARGUMENT);
+    h.svc
+        .update(
+            &ctx(),
+            update("types.containerd.io/opencontainers/runtime-spec/1/LinuxResources"),
+        )
+        .await
+        .expect("update Linux resources");
+    assert!(
+        h.sb.calls()
+            .contains(&r#"update c {"memory":{"limit":1048576}}"#.to_string()),
+        "{:?}",
+        h.sb.calls()
+    );
     let mut ann = HashMap::new();
     ann.insert("a".to_string(), "b".to_string());
     h.svc

@@ -219,19 +219,45 @@ impl Cri {
         cmd: &[&str],
         resources: Option<cri::LinuxContainerResources>,
     ) -> Result<String, tonic::Status> {
+        self.create(pod, name, 0, cmd, resources)
+    }
+
+    /// [`Cri::create_container`] as the kubelet's `attempt`-th restart.
+    pub fn create_container_attempt(
+        &self,
+        pod: &Pod,
+        name: &str,
+        attempt: u32,
+        cmd: &[&str],
+    ) -> Result<String, tonic::Status> {
+        self.create(pod, name, attempt, cmd, None)
+    }
+
+    fn create(
+        &self,
+        pod: &Pod,
+        name: &str,
+        attempt: u32,
+        cmd: &[&str],
+        resources: Option<cri::LinuxContainerResources>,
+    ) -> Result<String, tonic::Status> {
         let req = cri::CreateContainerRequest {
             pod_sandbox_id: pod.id.clone(),
             config: Some(cri::ContainerConfig {
                 metadata: Some(cri::ContainerMetadata {
                     name: name.into(),
-                    attempt: 0,
+                    attempt,
                 }),
                 image: Some(cri::ImageSpec {
                     image: BUSYBOX.into(),
                     ..Default::default()
                 }),
                 command: cmd.iter().map(|s| s.to_string()).collect(),
-                log_path: format!("{name}.log"),
+                log_path: if attempt == 0 {
+                    format!("{name}.log")
+                } else {
+                    format!("{name}.{attempt}.log")
+                },
                 // As the kubelet asks for a pod without shareProcessNamespace.
                 linux: Some(cri::LinuxContainerConfig {
                     resources,
@@ -314,6 +340,32 @@ impl Cri {
             stdout: String::from_utf8_lossy(&r.stdout).into_owned(),
             stderr: String::from_utf8_lossy(&r.stderr).into_owned(),
         }
+    }
+
+    /// StopContainer `id`, SIGKILL after `timeout` seconds.
+    pub fn stop_container(&self, id: &str, timeout: i64) {
+        let req = cri::StopContainerRequest {
+            container_id: id.into(),
+            timeout,
+        };
+        self.call(|mut c| async move { c.stop_container(req).await })
+            .unwrap_or_else(|e| {
+                panic!("StopContainer {id}: {e}\n{}", self.containerd.diagnostics())
+            });
+    }
+
+    /// RemoveContainer `id`.
+    pub fn remove_container(&self, id: &str) {
+        let req = cri::RemoveContainerRequest {
+            container_id: id.into(),
+        };
+        self.call(|mut c| async move { c.remove_container(req).await })
+            .unwrap_or_else(|e| {
+                panic!(
+                    "RemoveContainer {id}: {e}\n{}",
+                    self.containerd.diagnostics()
+                )
+            });
     }
 
     /// ContainerStats of `id`.

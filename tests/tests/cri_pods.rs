@@ -18,7 +18,8 @@ fn pod_of_two(cri: &Cri, handler: &str) -> (Pod, Vec<String>) {
     let pod = cri.run_pod(&format!("pod-{handler}"), handler);
     let mut ids = Vec::new();
     for name in ["one", "two"] {
-        let script = format!("echo {name} > /only-{name}; exec sleep 2147483647");
+        let script =
+            format!("echo {name} > /only-{name}; echo hello from {name}; exec sleep 2147483647");
         let id = cri
             .create_container(&pod, name, &["sh", "-c", &script])
             .unwrap_or_else(|e| {
@@ -90,6 +91,46 @@ fn namespaces_are_the_pods(cri: &Cri, ids: &[String]) {
     }
 }
 
+/// What each container printed is in its CRI log at `log_path`, in the
+/// CRI log format (`<time> stdout F <line>`).
+fn logs_reach_log_path(cri: &Cri, pod: &str) {
+    for name in ["one", "two"] {
+        let path = cri
+            .containerd
+            .dir()
+            .join("pod-logs")
+            .join(pod)
+            .join(format!("{name}.log"));
+        let want = format!(" stdout F hello from {name}");
+        let start = Instant::now();
+        loop {
+            let log = std::fs::read_to_string(&path).unwrap_or_default();
+            if log.lines().any(|l| l.ends_with(&want)) {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "{} lacks {want:?}: {log:?}",
+                path.display()
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+}
+
+/// As the kubelet restarts a container that died: stop and remove it,
+/// create it again (attempt 1) in the same pod, start it.
+fn restart(cri: &Cri, pod: &Pod, id: &str, name: &str) -> String {
+    cri.stop_container(id, 0);
+    cri.remove_container(id);
+    let script = format!("echo {name} again > /only-{name}; exec sleep 2147483647");
+    let new = cri
+        .create_container_attempt(pod, name, 1, &["sh", "-c", &script])
+        .unwrap_or_else(|e| panic!("CreateContainer {name} attempt 1: {e}"));
+    cri.start_container(&new);
+    new
+}
+
 fn host_boot_id() -> String {
     std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
         .unwrap()
@@ -130,6 +171,7 @@ fn burrow_pod_runs_its_containers_in_one_vm() {
     assert!(pids[0].starts_with(cri.containerd.burrow_state().join("k8s.io").join(&pod.id)));
     files_are_private(&cri, &ids);
     namespaces_are_the_pods(&cri, &ids);
+    logs_reach_log_path(&cri, "pod-burrow");
 
     // A third container: no slot left, a clear error when its task is
     // made (StartContainer), the others untouched.
@@ -141,6 +183,14 @@ fn burrow_pod_runs_its_containers_in_one_vm() {
         .expect_err("a container beyond the pod's slots");
     assert!(e.message().contains("block slots"), "{e:?}");
     assert_eq!(boot_id(&cri, &ids[1]), a);
+    assert_eq!(vmm_pids(&cri).len(), 1);
+
+    // Restarted in the same pod: the slot it had is free again, and it
+    // runs in the same VM.
+    let two = restart(&cri, &pod, &ids[1], "two");
+    assert_eq!(boot_id(&cri, &two), a, "the restarted container's VM");
+    let e = cri.exec(&two, &["cat", "/only-two"]);
+    assert_eq!(e.stdout.trim(), "two again", "{e:?}");
     assert_eq!(vmm_pids(&cri).len(), 1);
 
     cri.remove_pod(&pod.id);
@@ -158,6 +208,9 @@ fn runc_pod_runs_its_containers_on_the_host_kernel() {
     assert!(vmm_pids(&cri).is_empty(), "runc starts no VM");
     files_are_private(&cri, &ids);
     namespaces_are_the_pods(&cri, &ids);
+    logs_reach_log_path(&cri, "pod-runc");
+    let two = restart(&cri, &pod, &ids[1], "two");
+    assert_eq!(boot_id(&cri, &two), a);
     cri.remove_pod(&pod.id);
     cri.containerd.assert_clean(CLEAN);
 }

@@ -155,6 +155,17 @@ impl Cri {
     /// network, each container in a PID namespace of its own (as the
     /// kubelet asks for v1 pods).
     pub fn run_pod(&self, name: &str, handler: &str) -> Pod {
+        self.run_pod_with(name, handler, false)
+    }
+
+    /// [`Cri::run_pod`]; with `share_pids` one PID namespace for the whole
+    /// pod (`shareProcessNamespace: true`).
+    pub fn run_pod_with(&self, name: &str, handler: &str, share_pids: bool) -> Pod {
+        let pid = if share_pids {
+            cri::NamespaceMode::Pod
+        } else {
+            cri::NamespaceMode::Container
+        };
         let logs: PathBuf = self.containerd.dir().join("pod-logs").join(name);
         std::fs::create_dir_all(&logs).expect("pod log directory");
         let config = cri::PodSandboxConfig {
@@ -171,7 +182,7 @@ impl Cri {
                 security_context: Some(cri::LinuxSandboxSecurityContext {
                     namespace_options: Some(cri::NamespaceOption {
                         network: cri::NamespaceMode::Node as i32,
-                        pid: cri::NamespaceMode::Container as i32,
+                        pid: pid as i32,
                         ipc: cri::NamespaceMode::Pod as i32,
                         ..Default::default()
                     }),

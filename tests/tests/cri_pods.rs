@@ -240,9 +240,11 @@ const ALLOC_48M: [&str; 5] = ["dd", "if=/dev/zero", "of=/dev/null", "bs=48M", "c
 /// Each container of a pod has its own memory limit, usage and OOM kills:
 /// a container's limit holds however much memory the pod has, its OOM
 /// kill leaves its siblings alone, the limit can be raised while it runs,
-/// and ContainerStats counts each container's own memory.
+/// and ContainerStats counts each container's own memory. The pod shares
+/// one PID namespace (`shareProcessNamespace`): each container sees the
+/// others' processes.
 fn limits_are_each_containers_own(cri: &Cri, handler: &str) {
-    let pod = cri.run_pod(&format!("limits-{handler}"), handler);
+    let pod = cri.run_pod_with(&format!("limits-{handler}"), handler, true);
     let forever = ["sleep", "2147483647"];
     let tight = cri
         .create_container_with(&pod, "tight", &forever, Some(memory_limit(32 * MIB)))
@@ -250,6 +252,19 @@ fn limits_are_each_containers_own(cri: &Cri, handler: &str) {
     cri.start_container(&tight);
     let free = cri.create_container(&pod, "free", &forever).unwrap();
     cri.start_container(&free);
+
+    // pause, tight and free each run `sleep 2147483647`: one PID namespace.
+    let e = cri.exec(&tight, &["ps"]);
+    assert_eq!(e.code, 0, "{e:?}");
+    let sleeps = e
+        .stdout
+        .lines()
+        .filter(|l| l.ends_with("sleep 2147483647"))
+        .count();
+    assert_eq!(
+        sleeps, 3,
+        "{handler}: the pod's processes from tight: {e:?}"
+    );
 
     // 16 MB held by a shell in `free`: its working set grows, tight's not.
     let (free0, tight0) = (working_set(cri, &free), working_set(cri, &tight));

@@ -237,16 +237,18 @@ pub fn plan(p: &OciProcess, namespaces: Namespaces) -> Result<ChildPlan> {
     })
 }
 
-/// With a PID namespace in the spec (one to create, not a path to join):
-/// the /proc masks its init re-applies after mounting its own /proc.
+/// With a PID namespace in the spec (one to create, or the pod's to join):
+/// the /proc masks its init re-applies after mounting that namespace's
+/// /proc.
 pub fn pid_namespace(spec: &Spec) -> Result<Option<ProcMasks>> {
     let Some(linux) = spec.linux() else {
         return Ok(None);
     };
-    let wants =
-        linux.namespaces().iter().flatten().any(|ns| {
-            ns.typ() == oci_spec::runtime::LinuxNamespaceType::Pid && ns.path().is_none()
-        });
+    let wants = linux
+        .namespaces()
+        .iter()
+        .flatten()
+        .any(|ns| ns.typ() == oci_spec::runtime::LinuxNamespaceType::Pid);
     if !wants {
         return Ok(None);
     }

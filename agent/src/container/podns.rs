@@ -28,6 +28,9 @@ pub fn pod_namespaces(spec: &Spec) -> Result<Joined> {
         let (kind, flag) = match ns.typ() {
             LinuxNamespaceType::Ipc => ("ipc", libc::CLONE_NEWIPC),
             LinuxNamespaceType::Uts => ("uts", libc::CLONE_NEWUTS),
+            // shareProcessNamespace: the pod's, entered by the forking
+            // thread (see spawn).
+            LinuxNamespaceType::Pid => ("pid", libc::CLONE_NEWPID),
             _ => continue,
         };
         let Some(path) = ns.path() else { continue };

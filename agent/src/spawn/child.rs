@@ -239,7 +239,8 @@ pub(super) unsafe fn child_main(
                 join,
             } => {
                 let mut new = libc::CLONE_NEWNS | libc::CLONE_NEWUTS | libc::CLONE_NEWIPC;
-                for (fd, kind) in join {
+                // A pod PID namespace was entered by the fork already.
+                for (fd, kind) in join.iter().filter(|(_, k)| *k != libc::CLONE_NEWPID) {
                     if libc::setns(fd.as_raw_fd(), *kind) < 0 {
                         fail(status, "join the pod's namespaces", errno());
                     }

@@ -57,8 +57,9 @@ pub enum Namespaces {
         rootfs: CString,
         hostname: Option<CString>,
         pid: Option<ProcMasks>,
-        /// A pod's IPC and UTS namespaces to join instead of new ones
-        /// (fd, CLONE_NEW* type).
+        /// A pod's IPC, UTS and PID namespaces to join instead of new ones
+        /// (fd, CLONE_NEW* type; the PID one is entered by forking into it,
+        /// and the child mounts its /proc as for a new one).
         join: Vec<(OwnedFd, libc::c_int)>,
     },
     /// Join a running container through fds of its init's namespaces
@@ -242,8 +243,18 @@ fn fork_child(
     let env_ptrs = null_terminated(&plan.env);
     let (tx, rx) = watch::channel(None);
     let mut children = CHILDREN.lock().unwrap_or_else(|p| p.into_inner());
-    let pid = match &plan.namespaces {
-        Namespaces::NewContainer { pid: Some(_), .. } => {
+    // A pod's PID namespace (shareProcessNamespace) is entered by forking
+    // into it, as for an exec.
+    let pod_pid = match &plan.namespaces {
+        Namespaces::NewContainer { join, .. } => join
+            .iter()
+            .find(|(_, kind)| *kind == libc::CLONE_NEWPID)
+            .map(|(fd, _)| fd),
+        _ => None,
+    };
+    let pid = match (&plan.namespaces, pod_pid) {
+        (_, Some(ns)) => fork_in_pid_namespace(ns)?,
+        (Namespaces::NewContainer { pid: Some(_), .. }, None) => {
             // SAFETY: clone(2) without CLONE_VM and without a new stack is
             // fork(2) with extra flags; the child runs only `child_main`
             // (system calls on memory prepared before, never returns).
@@ -258,7 +269,7 @@ fn fork_child(
                 ) as i32
             }
         }
-        Namespaces::Join { pid: Some(ns), .. } => fork_in_pid_namespace(ns)?,
+        (Namespaces::Join { pid: Some(ns), .. }, None) => fork_in_pid_namespace(ns)?,
         // SAFETY: the child only runs `child_main`, which makes system
         // calls on memory prepared before the fork and never returns.
         _ => unsafe { libc::fork() },

@@ -100,32 +100,11 @@ impl Slots {
     }
 }
 
-/// A pod that shares one PID namespace among its containers
-/// (`shareProcessNamespace`) names the sandbox's in each container's spec;
-/// the agent cannot join a PID namespace for a new container yet, and a
-/// PID namespace of its own would be the wrong answer: refuse it.
-fn refuse_shared_pid_namespace(c: &ContainerConfig) -> Result<()> {
-    let shared = c
-        .spec
-        .pointer("/linux/namespaces")
-        .and_then(|n| n.as_array())
-        .is_some_and(|nss| {
-            nss.iter().any(|n| {
-                n.get("type").and_then(|t| t.as_str()) == Some("pid") && n.get("path").is_some()
-            })
-        });
-    if shared {
-        return Err(SandboxError::Unimplemented(format!(
-            "container {}: sharing the pod's PID namespace (shareProcessNamespace) is not supported by burrow yet",
-            c.id
-        )));
-    }
-    Ok(())
-}
-
-/// Give back the IPC and UTS namespace paths that [`spec::for_guest`]
-/// strips, when they name a process's namespaces (`/proc/<pid>/ns/...`):
-/// a pod member joins its sandbox's.
+/// Give back the IPC, UTS and PID namespace paths that
+/// [`spec::for_guest`] strips, when they name a process's namespaces
+/// (`/proc/<pid>/ns/...`, the guest's pids): a pod member joins its
+/// sandbox's (the PID one only when the pod shares it:
+/// `shareProcessNamespace`).
 pub fn keep_pod_namespaces(spec: &serde_json::Value, guest: &mut serde_json::Value) {
     let Some(given) = spec.pointer("/linux/namespaces").and_then(|n| n.as_array()) else {
         return;
@@ -136,7 +115,7 @@ pub fn keep_pod_namespaces(spec: &serde_json::Value, guest: &mut serde_json::Val
     else {
         return;
     };
-    for kind in ["ipc", "uts"] {
+    for kind in ["ipc", "uts", "pid"] {
         let path = given
             .iter()
             .filter(|n| n.get("type").and_then(|t| t.as_str()) == Some(kind))
@@ -171,7 +150,6 @@ impl VmSandbox {
                 )))
             }
         };
-        refuse_shared_pid_namespace(c)?;
         let (mut guest_spec, _) = self.guest_spec(c)?;
         keep_pod_namespaces(&c.spec, &mut guest_spec);
         let spec_json = serde_json::to_vec(&guest_spec)
@@ -255,7 +233,7 @@ mod tests {
     #[test]
     fn pod_members_keep_the_sandbox_ipc_and_uts_paths() {
         let spec = serde_json::json!({"linux": {"namespaces": [
-            {"type": "pid"},
+            {"type": "pid", "path": "/proc/42/ns/pid"},
             {"type": "ipc", "path": "/proc/42/ns/ipc"},
             {"type": "uts", "path": "/proc/42/ns/uts"},
             {"type": "network", "path": "/var/run/netns/cni-1"},
@@ -264,6 +242,7 @@ mod tests {
         let (mut guest, _) = spec::for_guest(&spec);
         keep_pod_namespaces(&spec, &mut guest);
         let nss = &guest["linux"]["namespaces"];
+        assert_eq!(nss[0]["path"], "/proc/42/ns/pid", "shareProcessNamespace");
         assert_eq!(nss[1]["path"], "/proc/42/ns/ipc");
         assert_eq!(nss[2]["path"], "/proc/42/ns/uts");
         assert!(
@@ -276,24 +255,6 @@ mod tests {
         let (mut guest, _) = spec::for_guest(&odd);
         keep_pod_namespaces(&odd, &mut guest);
         assert!(guest["linux"]["namespaces"][0].get("path").is_none());
-    }
-
-    #[test]
-    fn a_shared_pid_namespace_is_refused() {
-        let cfg = |nss: serde_json::Value| ContainerConfig {
-            id: "c1".into(),
-            bundle: "/b".into(),
-            spec: serde_json::json!({"linux": {"namespaces": nss}}),
-            rootfs: vec![],
-            stdin: false,
-        };
-        let own =
-            cfg(serde_json::json!([{"type": "pid"}, {"type": "ipc", "path": "/proc/7/ns/ipc"}]));
-        assert!(refuse_shared_pid_namespace(&own).is_ok());
-        let shared = cfg(serde_json::json!([{"type": "pid", "path": "/proc/7/ns/pid"}]));
-        let e = refuse_shared_pid_namespace(&shared).expect_err("refused");
-        assert!(matches!(e, SandboxError::Unimplemented(_)), "{e:?}");
-        assert!(e.to_string().contains("shareProcessNamespace"), "{e}");
     }
 
     #[test]

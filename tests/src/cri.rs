@@ -70,6 +70,8 @@ impl Cri {
       runtime_type = "io.containerd.runc.v2"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.burrow]
       runtime_type = "io.containerd.burrow.v2"
+      pod_annotations = ["io.burrow.*"]
+      container_annotations = ["io.burrow.*"]
 "#
         );
         let burrow = format!("{burrow_extra}\n{NESTED_CONFIG}");
@@ -155,12 +157,18 @@ impl Cri {
     /// network, each container in a PID namespace of its own (as the
     /// kubelet asks for v1 pods).
     pub fn run_pod(&self, name: &str, handler: &str) -> Pod {
-        self.run_pod_with(name, handler, false)
+        self.run_pod_with(name, handler, false, &[])
     }
 
     /// [`Cri::run_pod`]; with `share_pids` one PID namespace for the whole
-    /// pod (`shareProcessNamespace: true`).
-    pub fn run_pod_with(&self, name: &str, handler: &str, share_pids: bool) -> Pod {
+    /// pod (`shareProcessNamespace: true`), and the pod's `annotations`.
+    pub fn run_pod_with(
+        &self,
+        name: &str,
+        handler: &str,
+        share_pids: bool,
+        annotations: &[(&str, &str)],
+    ) -> Pod {
         let pid = if share_pids {
             cri::NamespaceMode::Pod
         } else {
@@ -178,6 +186,10 @@ impl Cri {
             // None: on the node's network the pod has the node's UTS
             // namespace, where runc refuses to set a hostname.
             log_directory: logs.display().to_string(),
+            annotations: annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             linux: Some(cri::LinuxPodSandboxConfig {
                 security_context: Some(cri::LinuxSandboxSecurityContext {
                     namespace_options: Some(cri::NamespaceOption {

@@ -131,6 +131,27 @@ fn restart(cri: &Cri, pod: &Pod, id: &str, name: &str) -> String {
     new
 }
 
+/// `burrow sandbox ARGS` for CRI's namespace; its stdout.
+fn burrow_sandbox(cri: &Cri, args: &[&str]) -> String {
+    let state = cri.containerd.burrow_state().display().to_string();
+    let mut all = vec!["sandbox", "--state-dir", &state, "-n", "k8s.io"];
+    all.extend_from_slice(args);
+    let r = cri.containerd.burrow(&all);
+    assert_eq!(r.code, Some(0), "burrow {all:?}: {r:?}");
+    r.stdout
+}
+
+/// What `burrow sandbox ls` says of pod `id`: running or asleep.
+fn pod_state(cri: &Cri, id: &str) -> String {
+    burrow_sandbox(cri, &["ls"])
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.get(1) == Some(&id)).then(|| f.get(2).map(|s| s.to_string()).unwrap_or_default())
+        })
+        .unwrap_or_default()
+}
+
 fn host_boot_id() -> String {
     std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
         .unwrap()
@@ -193,6 +214,16 @@ fn burrow_pod_runs_its_containers_in_one_vm() {
     assert_eq!(e.stdout.trim(), "two again", "{e:?}");
     assert_eq!(vmm_pids(&cri).len(), 1);
 
+    // The whole pod sleeps (its VM snapshotted and stopped) and wakes
+    // together on the next call: the same guest boot, both containers.
+    let h = burrow_sandbox(&cri, &["hibernate", &pod.id]);
+    assert!(h.contains("asleep"), "{h}");
+    assert_eq!(pod_state(&cri, &pod.id), "asleep");
+    assert_eq!(boot_id(&cri, &ids[0]), a, "woken, not rebooted");
+    assert_eq!(pod_state(&cri, &pod.id), "running");
+    let e = cri.exec(&two, &["cat", "/only-two"]);
+    assert_eq!(e.stdout.trim(), "two again", "{e:?}");
+
     cri.remove_pod(&pod.id);
     cri.containerd.assert_clean(CLEAN);
     assert!(!Path::new(&sock).exists());
@@ -242,9 +273,15 @@ const ALLOC_48M: [&str; 5] = ["dd", "if=/dev/zero", "of=/dev/null", "bs=48M", "c
 /// kill leaves its siblings alone, the limit can be raised while it runs,
 /// and ContainerStats counts each container's own memory. The pod shares
 /// one PID namespace (`shareProcessNamespace`): each container sees the
-/// others' processes.
+/// others' processes. Under burrow the pod's annotation sizes its VM, and a
+/// container whose limit does not fit it is refused, the others untouched.
 fn limits_are_each_containers_own(cri: &Cri, handler: &str) {
-    let pod = cri.run_pod_with(&format!("limits-{handler}"), handler, true);
+    let pod = cri.run_pod_with(
+        &format!("limits-{handler}"),
+        handler,
+        true,
+        &[("io.burrow.memory_mib", "384")],
+    );
     let forever = ["sleep", "2147483647"];
     let tight = cri
         .create_container_with(&pod, "tight", &forever, Some(memory_limit(32 * MIB)))
@@ -304,6 +341,37 @@ fn limits_are_each_containers_own(cri: &Cri, handler: &str) {
     cri.update_resources(&tight, memory_limit(256 * MIB));
     let e = cri.exec(&tight, &ALLOC_48M);
     assert_eq!(e.code, 0, "{handler}: 48 MiB under a 256 MiB limit: {e:?}");
+
+    // 512 MiB: more than the 384 MiB pod VM holds.
+    let big = cri
+        .create_container_with(&pod, "big", &forever, Some(memory_limit(512 * MIB)))
+        .unwrap();
+    let started = cri.try_start_container(&big);
+    let e = cri.exec(&free, &["grep", "MemTotal", "/proc/meminfo"]);
+    let total_kib: u64 = e
+        .stdout
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{e:?}"));
+    if handler == "burrow" {
+        let e = started.expect_err("a container larger than its pod's VM");
+        assert!(e.message().contains("does not fit"), "{e:?}");
+        assert!(e.message().contains("io.burrow.memory_mib"), "{e:?}");
+        assert!(
+            (256 * 1024..=384 * 1024).contains(&total_kib),
+            "the pod's VM was to have 384 MiB: MemTotal {total_kib} kB"
+        );
+    } else {
+        started.unwrap_or_else(|e| panic!("runc: {e:?}"));
+        assert!(
+            total_kib > 1024 * 1024,
+            "runc shares the host's memory: {e:?}"
+        );
+    }
+    for id in [&tight, &free] {
+        assert_eq!(cri.exec(id, &["true"]).code, 0, "{handler}");
+    }
 
     cri.remove_pod(&pod.id);
     cri.containerd.assert_clean(CLEAN);

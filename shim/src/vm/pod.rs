@@ -100,6 +100,28 @@ impl Slots {
     }
 }
 
+/// A member's memory limit must fit the pod's VM (`vm_mib`, of which
+/// `overhead_mib` are the guest kernel's and agent's): the VM cannot grow,
+/// and a limit it cannot honour would only surprise later as an OOM.
+fn check_fits(c: &ContainerConfig, vm_mib: u64, overhead_mib: u64) -> Result<()> {
+    let limit = c
+        .spec
+        .pointer("/linux/resources/memory/limit")
+        .and_then(serde_json::Value::as_i64)
+        .filter(|l| *l > 0)
+        .and_then(|l| u64::try_from(l).ok());
+    let room = vm_mib.saturating_sub(overhead_mib);
+    match limit {
+        Some(l) if l.div_ceil(1 << 20) > room => Err(SandboxError::ResourceExhausted(format!(
+            "container {}: its memory limit ({} MiB) does not fit its pod's VM ({vm_mib} MiB, {overhead_mib} MiB of it the guest's); size the pod with the annotation {}=<MiB> (containerd's CRI passes io.burrow.* pod annotations when the runtime's pod_annotations allow them, as `burrow install` sets) or raise memory_mib.default in the burrow config",
+            c.id,
+            l.div_ceil(1 << 20),
+            spec::ANNOTATION_MEMORY_MIB,
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// Give back the IPC, UTS and PID namespace paths that
 /// [`spec::for_guest`] strips, when they name a process's namespaces
 /// (`/proc/<pid>/ns/...`, the guest's pids): a pod member joins its
@@ -150,6 +172,7 @@ impl VmSandbox {
                 )))
             }
         };
+        check_fits(c, handle.memory_mib, cfg.memory_mib.overhead)?;
         let (mut guest_spec, _) = self.guest_spec(c)?;
         keep_pod_namespaces(&c.spec, &mut guest_spec);
         let spec_json = serde_json::to_vec(&guest_spec)
@@ -255,6 +278,24 @@ mod tests {
         let (mut guest, _) = spec::for_guest(&odd);
         keep_pod_namespaces(&odd, &mut guest);
         assert!(guest["linux"]["namespaces"][0].get("path").is_none());
+    }
+
+    #[test]
+    fn a_memory_limit_beyond_the_pods_vm_is_refused() {
+        let with = |limit: serde_json::Value| ContainerConfig {
+            id: "c1".into(),
+            bundle: "/b".into(),
+            spec: serde_json::json!({"linux": {"resources": {"memory": {"limit": limit}}}}),
+            rootfs: vec![],
+            stdin: false,
+        };
+        assert!(check_fits(&with(serde_json::json!(448 << 20)), 512, 64).is_ok());
+        assert!(check_fits(&with(serde_json::json!(-1)), 512, 64).is_ok());
+        assert!(check_fits(&with(serde_json::Value::Null), 512, 64).is_ok());
+        let e =
+            check_fits(&with(serde_json::json!((448 << 20) + 1)), 512, 64).expect_err("too big");
+        assert!(matches!(e, SandboxError::ResourceExhausted(_)), "{e:?}");
+        assert!(e.to_string().contains("io.burrow.memory_mib"), "{e}");
     }
 
     #[test]

@@ -365,6 +365,22 @@ impl Cri {
         }
     }
 
+    /// Exec `cmd` in `id` through containerd's streaming server with a
+    /// terminal and stdin (as `kubectl exec -it`): the URL to stream from.
+    pub fn exec_stream_url(&self, id: &str, cmd: &[&str]) -> String {
+        let req = cri::ExecRequest {
+            container_id: id.into(),
+            cmd: cmd.iter().map(|s| s.to_string()).collect(),
+            tty: true,
+            stdin: true,
+            stdout: true,
+            stderr: false,
+        };
+        self.call(|mut c| async move { c.exec(req).await })
+            .unwrap_or_else(|e| panic!("Exec {cmd:?} in {id}: {e}"))
+            .url
+    }
+
     /// StopContainer `id`, SIGKILL after `timeout` seconds.
     pub fn stop_container(&self, id: &str, timeout: i64) {
         let req = cri::StopContainerRequest {

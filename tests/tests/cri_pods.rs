@@ -152,6 +152,50 @@ fn pod_state(cri: &Cri, id: &str) -> String {
         .unwrap_or_default()
 }
 
+/// `kubectl exec -it`'s path: CRI Exec with a terminal, streamed over a
+/// WebSocket with Kubernetes' channel protocol (v4.channel.k8s.io: each
+/// binary message starts with its channel, 0 stdin, 1 stdout, 3 status).
+fn exec_with_a_terminal(cri: &Cri, id: &str) {
+    use tungstenite::client::IntoClientRequest;
+    use tungstenite::Message;
+    let url = cri.exec_stream_url(id, &["sh"]);
+    let ws = url.replacen("http://", "ws://", 1);
+    let mut req = ws.as_str().into_client_request().unwrap();
+    req.headers_mut().insert(
+        "Sec-WebSocket-Protocol",
+        "v4.channel.k8s.io".parse().unwrap(),
+    );
+    let (mut sock, _) = tungstenite::connect(req).unwrap_or_else(|e| panic!("{url}: {e}"));
+    if let tungstenite::stream::MaybeTlsStream::Plain(s) = sock.get_ref() {
+        s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    }
+    let stdin = |s: &str| Message::Binary([&[0u8][..], s.as_bytes()].concat().into());
+    sock.send(stdin("echo $((6*7)); tty; exit 3\n")).unwrap();
+    let (mut out, mut status) = (String::new(), String::new());
+    loop {
+        match sock.read() {
+            Ok(Message::Binary(b)) => match b.split_first() {
+                Some((1, data)) => out.push_str(&String::from_utf8_lossy(data)),
+                Some((3, data)) => status.push_str(&String::from_utf8_lossy(data)),
+                _ => {}
+            },
+            Ok(Message::Close(_)) | Err(_) => break,
+            Ok(_) => {}
+        }
+    }
+    let lines: Vec<&str> = out.lines().map(str::trim).collect();
+    assert!(lines.contains(&"42"), "no 42 on the terminal: {out:?}");
+    assert!(
+        lines.iter().any(|l| l.starts_with("/dev/pts/")),
+        "not a terminal: {out:?}"
+    );
+    // The exit status comes back as a Status naming the code.
+    assert!(
+        status.contains("NonZeroExitCode") && status.contains("\"message\":\"3\""),
+        "status channel: {status:?}"
+    );
+}
+
 fn host_boot_id() -> String {
     std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
         .unwrap()
@@ -193,6 +237,7 @@ fn burrow_pod_runs_its_containers_in_one_vm() {
     files_are_private(&cri, &ids);
     namespaces_are_the_pods(&cri, &ids);
     logs_reach_log_path(&cri, "pod-burrow");
+    exec_with_a_terminal(&cri, &ids[0]);
 
     // A third container: no slot left, a clear error when its task is
     // made (StartContainer), the others untouched.
@@ -240,6 +285,7 @@ fn runc_pod_runs_its_containers_on_the_host_kernel() {
     files_are_private(&cri, &ids);
     namespaces_are_the_pods(&cri, &ids);
     logs_reach_log_path(&cri, "pod-runc");
+    exec_with_a_terminal(&cri, &ids[0]);
     let two = restart(&cri, &pod, &ids[1], "two");
     assert_eq!(boot_id(&cri, &two), a);
     cri.remove_pod(&pod.id);

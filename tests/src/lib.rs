@@ -34,11 +34,14 @@ pub fn require_hardware_kvm() {
 /// Panics with a clear message if it has not been built.
 pub fn workspace_bin(name: &str) -> std::path::PathBuf {
     let exe = std::env::current_exe().expect("current test executable");
-    // target/<profile>/deps/<test>-<hash> -> target/<profile>/<name>
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("test executable lives in target/<profile>/deps");
+    // target/<profile>/deps/<test>-<hash> -> target/<profile>/<name>; a
+    // binary of this crate (bench-pods) lives in target/<profile> itself.
+    let dir = exe.parent().expect("the executable's directory");
+    let profile_dir = if dir.ends_with("deps") {
+        dir.parent().expect("test executable lives in target/<profile>/deps")
+    } else {
+        dir
+    };
     let bin = profile_dir.join(name);
     assert!(
         bin.is_file(),

@@ -233,6 +233,23 @@ impl Containerd {
             .collect()
     }
 
+    /// The live shim daemons and burrow-vmm processes this containerd's
+    /// tasks run: (pid, command line).
+    pub fn burrow_processes(&self) -> Vec<(i32, String)> {
+        let socket = self.socket.display().to_string();
+        let shims = processes_mentioning(&socket)
+            .into_iter()
+            .filter(|(_, c)| c.contains("containerd-shim-burrow-v2") && !c.ends_with(" start"));
+        let state = self.burrow_state().display().to_string();
+        let vmms = processes_mentioning(&state)
+            .into_iter()
+            .filter(|(_, c)| c.contains("burrow-vmm"));
+        shims
+            .chain(vmms)
+            .filter(|(pid, _)| !is_zombie(*pid))
+            .collect()
+    }
+
     fn command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new("ctr");
         cmd.arg("--address").arg(&self.socket).args(args);

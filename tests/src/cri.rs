@@ -169,6 +169,23 @@ impl Cri {
         share_pids: bool,
         annotations: &[(&str, &str)],
     ) -> Pod {
+        self.try_run_pod(name, handler, share_pids, annotations)
+            .unwrap_or_else(|e| {
+                panic!(
+                    "RunPodSandbox {name} ({handler}): {e}\n{}",
+                    self.containerd.diagnostics()
+                )
+            })
+    }
+
+    /// [`Cri::run_pod_with`], its error returned.
+    pub fn try_run_pod(
+        &self,
+        name: &str,
+        handler: &str,
+        share_pids: bool,
+        annotations: &[(&str, &str)],
+    ) -> Result<Pod, tonic::Status> {
         let pid = if share_pids {
             cri::NamespaceMode::Pod
         } else {
@@ -209,19 +226,13 @@ impl Cri {
             runtime_handler: handler.into(),
         };
         let id = self
-            .call(|mut c| async move { c.run_pod_sandbox(req).await })
-            .unwrap_or_else(|e| {
-                panic!(
-                    "RunPodSandbox {name} ({handler}): {e}\n{}",
-                    self.containerd.diagnostics()
-                )
-            })
+            .call(|mut c| async move { c.run_pod_sandbox(req).await })?
             .pod_sandbox_id;
         self.pods
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(id.clone());
-        Pod { id, config }
+        Ok(Pod { id, config })
     }
 
     /// CreateContainer `name` running `cmd` (busybox) in `pod`; not started.

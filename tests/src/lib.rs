@@ -38,7 +38,8 @@ pub fn workspace_bin(name: &str) -> std::path::PathBuf {
     // binary of this crate (bench-pods) lives in target/<profile> itself.
     let dir = exe.parent().expect("the executable's directory");
     let profile_dir = if dir.ends_with("deps") {
-        dir.parent().expect("test executable lives in target/<profile>/deps")
+        dir.parent()
+            .expect("test executable lives in target/<profile>/deps")
     } else {
         dir
     };

@@ -434,3 +434,62 @@ fn runc_pod_containers_have_their_own_limits_and_stats() {
     let cri = Cri::start("cri-runc-limits");
     limits_are_each_containers_own(&cri, "runc");
 }
+
+/// SIGKILL `victim` (a command name) of `cri`'s burrow processes as soon as
+/// one runs, while RunPodSandbox is under way; that call's answer.
+fn kill_mid_create(cri: &Cri, name: &str, victim: &str) -> Result<Pod, tonic::Status> {
+    std::thread::scope(|s| {
+        let create = s.spawn(|| cri.try_run_pod(name, "burrow", false, &[]));
+        let start = Instant::now();
+        let pid = loop {
+            let found = cri
+                .containerd
+                .burrow_processes()
+                .into_iter()
+                .find(|(_, cmdline)| cmdline.contains(victim));
+            if let Some((pid, _)) = found {
+                break pid;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(300) && !create.is_finished(),
+                "no {victim} ever ran for {name}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        // SAFETY: kill(2) on a pid just read from /proc.
+        assert_eq!(
+            unsafe { libc::kill(pid, libc::SIGKILL) },
+            0,
+            "kill {victim}"
+        );
+        create.join().unwrap()
+    })
+}
+
+/// A pod whose VMM, or whose shim, is SIGKILLed while RunPodSandbox boots
+/// its VM: a clear error, and nothing left (no process, state file or
+/// mount); the node then runs pods as before.
+#[test]
+fn a_pod_killed_mid_create_leaves_nothing_behind() {
+    let cri = Cri::start_with("cri-killed", "pod_disk_slots = 1");
+    for victim in ["burrow-vmm", "containerd-shim-burrow-v2"] {
+        let name = format!("killed-{}", &victim[..6]);
+        match kill_mid_create(&cri, &name, victim) {
+            Err(e) => assert!(!e.message().is_empty(), "{victim}: {e:?}"),
+            Ok(pod) => panic!(
+                "RunPodSandbox succeeded with its {victim} killed: {}\n{}",
+                pod.id,
+                cri.containerd.diagnostics()
+            ),
+        }
+        cri.containerd.assert_clean(CLEAN);
+        let left = cri.containerd.burrow_processes();
+        assert!(left.is_empty(), "{victim} killed: {left:?}");
+    }
+    let pod = cri.run_pod("after-kills", "burrow");
+    let id = cri.create_container(&pod, "c", &["sleep", "1000"]).unwrap();
+    cri.start_container(&id);
+    assert_ne!(boot_id(&cri, &id), host_boot_id());
+    cri.remove_pod(&pod.id);
+    cri.containerd.assert_clean(CLEAN);
+}

@@ -184,6 +184,28 @@ fn cli_tools_exec_files_edit_paging_and_wake_from_hibernation() {
         r.stderr.starts_with("burrow read:") && r.stderr.contains("/tmp/nope"),
         "{r:?}"
     );
+    // A path outside the container's root: `..` and an absolute symlink
+    // stop at that root, so nothing of the host is read (a file planted
+    // there is not found) and the error is one clear line.
+    let host_file = std::env::temp_dir().join("burrow-cli-tools-host-only");
+    std::fs::write(&host_file, "host only\n").unwrap();
+    ok(
+        &c,
+        "ln -s",
+        &exec(&c, &["--", "ln", "-s", "/../../../..", "/tmp/up"]),
+    );
+    for p in [
+        format!("/../../../..{}", host_file.display()),
+        format!("/tmp/up{}", host_file.display()),
+    ] {
+        let r = c.burrow(&["read", ID, &p]);
+        assert_eq!(r.code, Some(1), "{p}: {r:?}");
+        assert!(
+            !r.stdout.contains("host only") && r.stderr.lines().count() == 1,
+            "{p}: {r:?}"
+        );
+    }
+    let _ = std::fs::remove_file(&host_file);
 
     // Hibernated: the next tool call wakes it, and the container's files
     // are still there.
@@ -205,6 +227,21 @@ fn cli_tools_exec_files_edit_paging_and_wake_from_hibernation() {
         c.diagnostics()
     );
     assert_eq!(r.stdout, "one\nTWO\nthree\n", "{r:?}");
+    // The audit log has the calls from before the hibernation and the one
+    // that woke it.
+    let audit = c.burrow(&["audit", ID, "--json"]);
+    let execs: Vec<&str> = audit
+        .stdout
+        .lines()
+        .filter(|l| l.contains("\"tool\":\"exec\""))
+        .collect();
+    assert!(
+        execs.iter().any(|l| l.contains("\"exit_status\":3"))
+            && execs
+                .last()
+                .is_some_and(|l| l.contains("\"exit_status\":5")),
+        "{audit:?}"
+    );
     let r = c.burrow(&["sandbox", "ls"]);
     assert!(
         r.stdout

@@ -17,6 +17,8 @@ use crate::fs::{self, CleanPath};
 use crate::process::Process;
 use crate::spawn::Namespaces;
 
+mod session;
+
 /// Most processes (running or not yet deleted) one container may hold.
 const MAX_PROCESSES: usize = 4096;
 /// Most containers one guest may hold.
@@ -30,6 +32,7 @@ pub struct AgentService {
     pid1: bool,
     started: Instant,
     browser: Arc<crate::browser::Browser>,
+    sessions: session::Sessions,
 }
 
 type TResult<T> = ttrpc::Result<T>;
@@ -45,6 +48,7 @@ impl AgentService {
             pid1,
             started: Instant::now(),
             browser,
+            sessions: session::Sessions::default(),
         }
     }
 
@@ -634,6 +638,22 @@ impl burrow_protocol::Agent for AgentService {
         Ok(stream_response(
             p.stderr.read(fs::chunk_len(req.max_bytes)).await?,
         ))
+    }
+
+    async fn start_session(
+        &self,
+        _ctx: &TtrpcContext,
+        req: StartSessionRequest,
+    ) -> TResult<StartSessionResponse> {
+        Ok(self.start_session(req).await?)
+    }
+
+    async fn read_session(
+        &self,
+        _ctx: &TtrpcContext,
+        req: ReadSessionRequest,
+    ) -> TResult<ReadSessionResponse> {
+        Ok(self.read_session(req).await?)
     }
 
     async fn resize_pty(&self, _ctx: &TtrpcContext, req: ResizePtyRequest) -> TResult<Empty> {

@@ -98,6 +98,7 @@ pub fn entry(
             serde_json::to_vec(r).map_or(0, |b| b.len() as u64),
             match r {
                 ToolReply::Exec(out) => Some(out.status()),
+                ToolReply::Attach(out) => out.status(),
                 _ => None,
             },
             None,

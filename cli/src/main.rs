@@ -7,6 +7,7 @@ mod containerd_config;
 mod install;
 mod mcp;
 mod sandbox;
+mod session;
 mod tools;
 
 use anyhow::Result;
@@ -37,7 +38,9 @@ enum Command {
     },
     /// Run a command in a sandbox's container (waking it if it hibernates);
     /// prints its output (each stream capped, the cut said) and exits with
-    /// its status (124: killed at --timeout; 125: burrow failed).
+    /// its status (124: killed at --timeout; 125: burrow failed). With
+    /// --detach it starts a session that survives hibernation and
+    /// checkpoint/restore; --attach reads on in it.
     Exec(tools::ExecArgs),
     /// Print lines of a file in a sandbox's container, at most 500 per call;
     /// says on stderr which lines were shown and how many remain.
@@ -247,7 +250,7 @@ mod tests {
         assert_eq!(a.target.namespace, "default");
         assert_eq!(a.cwd.as_deref(), Some("/tmp"));
         assert_eq!(a.env, ["A=1", "B=2"]);
-        assert_eq!(a.timeout, 9);
+        assert_eq!(a.timeout, Some(9));
         assert_eq!(a.cmd, ["sh", "-c", "echo hi; exit 3"]);
         // Options of the command after `--` are its own.
         let Command::Exec(a) = parse(&["exec", "c1", "--", "ls", "-l", "--timeout"]).unwrap()
@@ -255,11 +258,25 @@ mod tests {
             panic!("not exec")
         };
         assert_eq!(a.cmd, ["ls", "-l", "--timeout"]);
-        assert_eq!(
-            a.timeout,
-            burrow_vmm_api::sandbox_tools::DEFAULT_EXEC_TIMEOUT_SECS
-        );
+        assert_eq!(a.timeout, None);
         assert!(parse(&["exec", "c1"]).is_err(), "no command");
+        // Detached sessions: --detach with a command, --attach without.
+        let Command::Exec(a) = parse(&["exec", "c1", "--detach", "--", "make"]).unwrap() else {
+            panic!("not exec")
+        };
+        assert!(a.detach && a.attach.is_none());
+        let Command::Exec(a) = parse(&[
+            "exec", "c1", "--attach", "s3", "--from", "812", "--wait", "0",
+        ])
+        .unwrap() else {
+            panic!("not exec")
+        };
+        assert_eq!(
+            (a.attach.as_deref(), a.from, a.wait),
+            (Some("s3"), Some(812), Some(0))
+        );
+        assert!(parse(&["exec", "c1", "--attach", "s3", "--", "ls"]).is_err());
+        assert!(parse(&["exec", "c1", "--detach", "--attach", "s3"]).is_err());
         assert!(parse(&["exec", "c1", "-e", "NOEQ", "--", "true"]).is_err());
         assert!(parse(&["exec", "c1", "--timeout", "0", "--", "true"]).is_err());
 

@@ -84,12 +84,35 @@ pub struct ExecArgs {
     /// Add KEY=VALUE to the command's environment (repeatable).
     #[arg(long = "env", short = 'e', value_parser = parse_env)]
     pub env: Vec<String>,
-    /// Kill the command after this many seconds (exit status 124).
-    #[arg(long, default_value_t = DEFAULT_EXEC_TIMEOUT_SECS,
-          value_parser = clap::value_parser!(u64).range(1..=MAX_EXEC_TIMEOUT_SECS))]
-    pub timeout: u64,
+    /// Kill the command after this many seconds (exit status 124; default
+    /// 600, with --detach none).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=MAX_EXEC_TIMEOUT_SECS))]
+    pub timeout: Option<u64>,
+    /// Start the command as a detached session and print its id at once;
+    /// the guest keeps its output (the last 1 MiB, stdout and stderr
+    /// together) across hibernation and checkpoint/restore for --attach.
+    #[arg(long, conflicts_with = "attach")]
+    pub detach: bool,
+    /// Print detached session SESSION's output from --from on, following it
+    /// until the command ends; exit with its status.
+    #[arg(long, value_name = "SESSION")]
+    pub attach: Option<String>,
+    /// With --attach: the output offset to start from (0: the start; a
+    /// stopped --attach says where to read on).
+    #[arg(long, requires = "attach")]
+    pub from: Option<u64>,
+    /// With --attach: stop following once all output there is is printed
+    /// and some was, or after this many seconds, and say where to read on
+    /// (exit 0); 0 prints what there is now.
+    #[arg(long, requires = "attach")]
+    pub wait: Option<u64>,
     /// The command and its arguments (after `--`).
-    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    #[arg(
+        required_unless_present = "attach",
+        conflicts_with = "attach",
+        trailing_var_arg = true,
+        allow_hyphen_values = true
+    )]
     pub cmd: Vec<String>,
 }
 
@@ -140,14 +163,29 @@ fn parse_lines(s: &str) -> std::result::Result<LineRange, String> {
 
 /// `burrow exec`: the command's exit status.
 pub fn exec(a: ExecArgs) -> Result<i32> {
-    let req = SandboxRequest::Exec(ExecRequest {
+    if a.attach.is_none() && (a.from.is_some() || a.wait.is_some()) {
+        bail!("--from and --wait go with --attach");
+    }
+    if let Some(session) = &a.attach {
+        return crate::session::attach(&a.target, session, a.from.unwrap_or(0), a.wait);
+    }
+    let timeout = a.timeout.unwrap_or(if a.detach {
+        0
+    } else {
+        DEFAULT_EXEC_TIMEOUT_SECS
+    });
+    let req = ExecRequest {
         args: a.cmd,
         cwd: a.cwd,
         env: a.env,
-        timeout_secs: a.timeout,
+        timeout_secs: timeout,
         max_output: None,
-    });
-    let limit = Duration::from_secs(a.timeout) + WAKE_ALLOWANCE;
+    };
+    if a.detach {
+        return crate::session::detach(&a.target, req);
+    }
+    let req = SandboxRequest::Exec(req);
+    let limit = Duration::from_secs(timeout) + WAKE_ALLOWANCE;
     let ToolReply::Exec(out) = a.target.ask(&req, limit)? else {
         bail!("the shim answered exec with another tool's result");
     };
@@ -155,7 +193,7 @@ pub fn exec(a: ExecArgs) -> Result<i32> {
     std::io::stdout().flush()?;
     let mut err = std::io::stderr();
     err.write_all(out.stderr.as_bytes())?;
-    for note in exec_notes(&out, a.timeout, MAX_EXEC_OUTPUT) {
+    for note in exec_notes(&out, timeout, MAX_EXEC_OUTPUT) {
         writeln!(err, "burrow: {note}")?;
     }
     Ok(out.status())

@@ -46,6 +46,17 @@
 //! - After a snapshot restore: reconnect, then `SetTime` and `AddEntropy`.
 //!   `PowerOff` answers, then powers the VM off 100 ms later.
 //!
+//! # Detached sessions
+//!
+//! `StartSession{container_id, oci_process, timeout_secs}` starts a process
+//! like `ExecProcess` whose stdout and stderr the agent itself drains into
+//! one ring of the last [`MAX_SESSION_BUFFER`] bytes; `ReadSession{
+//! session_id, offset, wait_ms}` answers the output from `offset` (or from
+//! the oldest byte kept, with `dropped` saying how much is gone), where it
+//! ends, and the exit status once done. The ring is guest memory, so a
+//! session survives hibernation and checkpoint/restore with its VM; the
+//! host keeps nothing per session. At most [`MAX_SESSIONS`] per guest.
+//!
 //! # Browser
 //!
 //! `BrowserNavigate`, `BrowserScreenshot`, `BrowserText`, `BrowserClick`,
@@ -111,6 +122,17 @@ pub const MAX_PATH_LEN: usize = 4096;
 /// Largest PNG `BrowserScreenshot` returns (bytes); a larger screenshot
 /// fails with OUT_OF_RANGE (ask for a smaller viewport).
 pub const MAX_SCREENSHOT_BYTES: usize = 3 << 20;
+
+/// Most output bytes a detached session keeps (`StartSession`): older
+/// output is dropped, and `ReadSession` says how much.
+pub const MAX_SESSION_BUFFER: usize = 1 << 20;
+
+/// Most detached sessions one guest holds; a new one replaces the oldest
+/// finished one, and is refused when all are running.
+pub const MAX_SESSIONS: usize = 16;
+
+/// Longest `ReadSession` wait (milliseconds).
+pub const MAX_SESSION_WAIT_MS: u32 = 60_000;
 
 /// The `#[async_trait]` attribute the generated [`Agent`] trait needs.
 pub use async_trait::async_trait;

@@ -184,6 +184,28 @@ fn cli_tools_exec_files_edit_paging_and_wake_from_hibernation() {
         r.stderr.starts_with("burrow read:") && r.stderr.contains("/tmp/nope"),
         "{r:?}"
     );
+    // A path outside the container's root: `..` and an absolute symlink
+    // stop at that root, so nothing of the host is read (a file planted
+    // there is not found) and the error is one clear line.
+    let host_file = std::env::temp_dir().join("burrow-cli-tools-host-only");
+    std::fs::write(&host_file, "host only\n").unwrap();
+    ok(
+        &c,
+        "ln -s",
+        &exec(&c, &["--", "ln", "-s", "/../../../..", "/tmp/up"]),
+    );
+    for p in [
+        format!("/../../../..{}", host_file.display()),
+        format!("/tmp/up{}", host_file.display()),
+    ] {
+        let r = c.burrow(&["read", ID, &p]);
+        assert_eq!(r.code, Some(1), "{p}: {r:?}");
+        assert!(
+            !r.stdout.contains("host only") && r.stderr.lines().count() == 1,
+            "{p}: {r:?}"
+        );
+    }
+    let _ = std::fs::remove_file(&host_file);
 
     // Hibernated: the next tool call wakes it, and the container's files
     // are still there.
@@ -205,6 +227,21 @@ fn cli_tools_exec_files_edit_paging_and_wake_from_hibernation() {
         c.diagnostics()
     );
     assert_eq!(r.stdout, "one\nTWO\nthree\n", "{r:?}");
+    // The audit log has the calls from before the hibernation and the one
+    // that woke it.
+    let audit = c.burrow(&["audit", ID, "--json"]);
+    let execs: Vec<&str> = audit
+        .stdout
+        .lines()
+        .filter(|l| l.contains("\"tool\":\"exec\""))
+        .collect();
+    assert!(
+        execs.iter().any(|l| l.contains("\"exit_status\":3"))
+            && execs
+                .last()
+                .is_some_and(|l| l.contains("\"exit_status\":5")),
+        "{audit:?}"
+    );
     let r = c.burrow(&["sandbox", "ls"]);
     assert!(
         r.stdout
@@ -217,4 +254,147 @@ fn cli_tools_exec_files_edit_paging_and_wake_from_hibernation() {
     c.wait_status(ID, "STOPPED", LONG);
     ok(&c, "task delete", &c.ctr(&["task", "delete", ID]));
     ok(&c, "container rm", &c.ctr(&["containers", "rm", ID]));
+}
+
+/// The offset a stopped `burrow exec --attach` says to read on from.
+fn read_on_from(r: &Run) -> u64 {
+    let at = r
+        .stderr
+        .rfind("--from ")
+        .unwrap_or_else(|| panic!("no --from in {r:?}"));
+    r.stderr[at + 7..]
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("bad --from in {r:?}"))
+}
+
+#[test]
+fn cli_tools_a_detached_exec_survives_hibernation_and_checkpoint_restore() {
+    const SRC: &str = "t-sess";
+    const RESTORED: &str = "t-sess-r";
+    let c = Containerd::nested("cli-sessions");
+    let r = c.ctr(&Containerd::run_args(&["-d"], SRC, &["sleep", "100000"]));
+    ok(&c, "ctr run -d", &r);
+    c.wait_status(SRC, "RUNNING", LONG);
+    let burrow = |args: &[&str]| c.burrow(args);
+
+    // Each step waits for a file the test makes, so what was printed when
+    // is certain.
+    let script = "echo one; echo err >&2; \
+        while [ ! -e /tmp/go1 ]; do sleep 1; done; echo two; \
+        while [ ! -e /tmp/go2 ]; do sleep 1; done; echo three; exit 7";
+    let r = burrow(&["exec", SRC, "--detach", "--", "sh", "-c", script]);
+    ok(&c, "exec --detach", &r);
+    let session = r.stdout.trim().to_string();
+    assert!(
+        session.starts_with('s') && r.stderr.contains("--attach"),
+        "{r:?}"
+    );
+
+    // The output so far; the caller stops there and keeps its offset.
+    let mut got = String::new();
+    let mut from = 0;
+    while !got.contains("one\n") || !got.contains("err\n") {
+        let r = burrow(&[
+            "exec",
+            SRC,
+            "--attach",
+            &session,
+            "--from",
+            &from.to_string(),
+            "--wait",
+            "60",
+        ]);
+        ok(&c, "attach", &r);
+        assert!(r.stderr.contains("is running; read on with"), "{r:?}");
+        got.push_str(&r.stdout);
+        from = read_on_from(&r);
+    }
+    assert_eq!(from, 8, "{got:?}");
+
+    // Hibernated: the next attach wakes it and reads on from the offset,
+    // and the command went on from where it was.
+    ok(
+        &c,
+        "touch go1",
+        &burrow(&["exec", SRC, "--", "touch", "/tmp/go1"]),
+    );
+    ok(&c, "hibernate", &burrow(&["sandbox", "hibernate", SRC]));
+    let r = burrow(&[
+        "exec", SRC, "--attach", &session, "--from", "8", "--wait", "120",
+    ]);
+    ok(&c, "attach after hibernation", &r);
+    assert_eq!(r.stdout, "two\n", "{r:?}\n{}", c.diagnostics());
+    assert_eq!(read_on_from(&r), 12, "{r:?}");
+    let audit = burrow(&["audit", SRC, "--json"]);
+    assert!(
+        audit
+            .stdout
+            .lines()
+            .filter(|l| l.contains("\"tool\":\"attach\""))
+            .count()
+            >= 2,
+        "{audit:?}"
+    );
+
+    // A checkpoint, restored as another container: the session is there,
+    // with its output, and finishes there.
+    let cp = c.ctr(&["containers", "checkpoint", "--task", "--rw", SRC, "cp-sess"]);
+    ok(&c, "ctr c checkpoint", &cp);
+    c.wait_status(SRC, "RUNNING", LONG);
+    let r = c.ctr(&["containers", "restore", "--live", RESTORED, "cp-sess"]);
+    ok(&c, "ctr c restore", &r);
+    c.wait_status(RESTORED, "RUNNING", LONG);
+    ok(
+        &c,
+        "touch go2",
+        &burrow(&["exec", RESTORED, "--", "touch", "/tmp/go2"]),
+    );
+    let r = burrow(&["exec", RESTORED, "--attach", &session, "--from", "12"]);
+    assert_eq!(
+        (r.code, r.stdout.as_str()),
+        (Some(7), "three\n"),
+        "attach after restore follows to the end, with the command's status: {r:?}\n{}",
+        c.diagnostics()
+    );
+    // All of it is still there from 0; the source's own copy runs on
+    // (its go2 was never made).
+    let r = burrow(&["exec", RESTORED, "--attach", &session]);
+    assert_eq!(r.code, Some(7), "{r:?}");
+    let mut lines: Vec<&str> = r.stdout.lines().collect();
+    lines.sort();
+    assert_eq!(lines, ["err", "one", "three", "two"], "{r:?}");
+    let r = burrow(&[
+        "exec", SRC, "--attach", &session, "--from", "12", "--wait", "0",
+    ]);
+    ok(&c, "the source's session", &r);
+    assert!(
+        r.stdout.is_empty() && r.stderr.contains("is running"),
+        "{r:?}"
+    );
+
+    // No such session, or an offset past the end: a clear error; the
+    // sandbox keeps working.
+    let r = burrow(&["exec", SRC, "--attach", "s999"]);
+    assert_eq!(r.code, Some(125), "{r:?}");
+    assert!(r.stderr.contains("no session \"s999\""), "{r:?}");
+    let r = burrow(&[
+        "exec", SRC, "--attach", &session, "--from", "999999", "--wait", "0",
+    ]);
+    assert_eq!(r.code, Some(125), "{r:?}");
+    assert!(r.stderr.contains("past the end"), "{r:?}");
+    let r = burrow(&["exec", SRC, "--", "echo", "still here"]);
+    assert_eq!(
+        (r.code, r.stdout.as_str()),
+        (Some(0), "still here\n"),
+        "{r:?}"
+    );
+
+    for id in [SRC, RESTORED] {
+        ok(&c, "kill", &c.ctr(&["task", "kill", "-s", "SIGKILL", id]));
+        c.wait_status(id, "STOPPED", LONG);
+        ok(&c, "task delete", &c.ctr(&["task", "delete", id]));
+        ok(&c, "container rm", &c.ctr(&["containers", "rm", id]));
+    }
 }

@@ -141,6 +141,7 @@ async fn session(c: &Containerd) {
             "checkpoint",
             "edit_file",
             "exec",
+            "exec_read",
             "list_dir",
             "read_file",
             "read_output",
@@ -189,6 +190,52 @@ async fn session(c: &Containerd) {
     )
     .await;
     assert!(out.contains("hello in /tmp\n"), "{out}");
+
+    // exec with detach: a session id at once; exec_read reads it by offset
+    // (a planted key redacted there too) until its status.
+    let out = ok(
+        &client,
+        "exec",
+        json!({"sandbox": ID, "command": format!("echo first; sleep 2; echo 'k {FAKE_KEY}'; exit 4"), "detach": true}),
+    )
+    .await;
+    let session = out
+        .strip_prefix("started session ")
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap_or_else(|| panic!("{out}"))
+        .to_string();
+    let mut all = String::new();
+    let mut from = 0u64;
+    let end = loop {
+        let page = ok(
+            &client,
+            "exec_read",
+            json!({"sandbox": ID, "session": session, "from": from, "wait_secs": 30, "max_bytes": 64}),
+        )
+        .await;
+        let (text, note) = page
+            .rsplit_once("[session ")
+            .unwrap_or_else(|| panic!("{page}"));
+        all.push_str(text);
+        if note.contains("exited with status") {
+            break note.to_string();
+        }
+        from = note
+            .rsplit_once("from=")
+            .map(|(_, n)| {
+                n.chars()
+                    .take_while(char::is_ascii_digit)
+                    .collect::<String>()
+            })
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{page}"));
+    };
+    assert!(end.contains("exited with status 4"), "{end}");
+    assert!(
+        all.starts_with("first\n") && all.contains("REDACTED"),
+        "{all}"
+    );
+    assert!(!all.contains(FAKE_KEY), "{all}");
 
     // About 1 MB of output with a fake key in the middle: 8 KiB inline,
     // the whole of it paged by reference, the key redacted everywhere.

@@ -13,6 +13,7 @@
 pub mod browser;
 pub mod output;
 pub mod redact;
+pub mod session;
 #[cfg(test)]
 mod tests;
 
@@ -63,9 +64,14 @@ pub struct ExecArgs {
     /// Extra environment variables.
     #[serde(default)]
     pub env: std::collections::BTreeMap<String, String>,
-    /// Kill the command after this many seconds (default 120).
+    /// Kill the command after this many seconds (default 120; with detach,
+    /// none).
     #[serde(default)]
     pub timeout_secs: Option<u64>,
+    /// Start it as a session and return its id at once; exec_read reads its
+    /// output, also after the sandbox hibernated or was restored.
+    #[serde(default)]
+    pub detach: bool,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -166,7 +172,7 @@ impl Burrow {
             root,
             namespace,
             store: Arc::default(),
-            tool_router: Self::tool_router() + Self::browser_router(),
+            tool_router: Self::tool_router() + Self::browser_router() + Self::session_router(),
         }
     }
 
@@ -232,24 +238,31 @@ impl Burrow {
 
     /// Run a shell command in a sandbox and return its exit status and output. Output past
     /// 8 KiB is shown as its head and tail; the whole of it is kept and read_output pages
-    /// through it by the reference given.
+    /// through it by the reference given. With detach it starts a session for long-running
+    /// commands and returns its id at once (read it with exec_read).
     #[tool(annotations(
         read_only_hint = false,
         destructive_hint = true,
         open_world_hint = false
     ))]
     async fn exec(&self, Parameters(a): Parameters<ExecArgs>) -> Result<CallToolResult, ErrorData> {
-        let timeout = a
-            .timeout_secs
-            .unwrap_or(DEFAULT_TIMEOUT_SECS)
-            .clamp(1, MAX_EXEC_TIMEOUT_SECS);
-        let req = SandboxRequest::Exec(ExecRequest {
+        let timeout = match (a.detach, a.timeout_secs) {
+            (true, None) => 0,
+            (_, t) => t
+                .unwrap_or(DEFAULT_TIMEOUT_SECS)
+                .clamp(1, MAX_EXEC_TIMEOUT_SECS),
+        };
+        let req = ExecRequest {
             args: vec!["/bin/sh".into(), "-c".into(), a.command],
             cwd: a.cwd,
             env: a.env.into_iter().map(|(k, v)| format!("{k}={v}")).collect(),
             timeout_secs: timeout,
             max_output: Some(MAX_EXEC_OUTPUT_FULL as u64),
-        });
+        };
+        if a.detach {
+            return self.exec_detached(&a.sandbox, req).await;
+        }
+        let req = SandboxRequest::Exec(req);
         let limit = Duration::from_secs(timeout) + tools::WAKE_ALLOWANCE;
         let out = match self.ask(&a.sandbox, req, limit).await {
             Ok(ToolReply::Exec(out)) => out,
@@ -463,7 +476,8 @@ impl ServerHandler for Burrow {
             .with_instructions(
                 "Tools of burrow sandboxes (KVM microVMs): run commands, read and edit files. \
                  Every tool takes the sandbox's id (sandboxes_list). Output is capped; long \
-                 output is paged with read_output. Secrets in results are redacted.",
+                 output is paged with read_output. Long-running commands: exec with detach, \
+                 then exec_read by session id and offset. Secrets in results are redacted.",
             )
     }
 }

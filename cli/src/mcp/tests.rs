@@ -92,6 +92,7 @@ async fn exec_output_is_capped_paged_by_reference_and_redacted() {
             cwd: None,
             env: Default::default(),
             timeout_secs: Some(5),
+            detach: false,
         }))
         .await
         .unwrap();

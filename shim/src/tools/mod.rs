@@ -3,6 +3,7 @@
 //! forwarding one call to the guest. The VM side (which container, the
 //! file calls to its agent) is [`crate::vm::tools`].
 
+pub mod session;
 pub mod text;
 
 use std::sync::{Arc, Mutex};

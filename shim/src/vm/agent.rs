@@ -5,6 +5,8 @@
 //! of the stream is the guest connection. In the agent's test mode it is a
 //! plain unix socket.
 
+mod session;
+
 use std::future::Future;
 use std::path::Path;
 use std::time::Duration;

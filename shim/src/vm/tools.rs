@@ -11,8 +11,9 @@ use std::time::Duration;
 use burrow_protocol::agent as pb;
 use burrow_vmm_api::sandbox_control::SandboxRequest;
 use burrow_vmm_api::sandbox_tools::{
-    DirEntry, EditRequest, ExecOutput, ExecRequest, LsOutput, LsRequest, ReadOutput, ReadRequest,
-    ToolReply, WriteRequest, MAX_EXEC_TIMEOUT_SECS, MAX_LS_ENTRIES, MAX_READ_SCAN, MAX_READ_TEXT,
+    AttachRequest, DirEntry, EditRequest, ExecOutput, ExecRequest, LsOutput, LsRequest, ReadOutput,
+    ReadRequest, SessionOutput, SessionStarted, ToolReply, WriteRequest, MAX_ATTACH_BYTES,
+    MAX_ATTACH_WAIT_SECS, MAX_EXEC_TIMEOUT_SECS, MAX_LS_ENTRIES, MAX_READ_SCAN, MAX_READ_TEXT,
     MAX_WRITE,
 };
 
@@ -29,6 +30,8 @@ impl VmSandbox {
     pub(super) async fn tool(&self, req: SandboxRequest) -> Result<ToolReply> {
         match req {
             SandboxRequest::Exec(r) => self.tool_exec(r).await.map(ToolReply::Exec),
+            SandboxRequest::Detach(r) => self.tool_detach(r).await.map(ToolReply::Detach),
+            SandboxRequest::Attach(r) => self.tool_attach(r).await.map(ToolReply::Attach),
             SandboxRequest::Read(r) => self.tool_read(r).await.map(ToolReply::Read),
             SandboxRequest::Write(r) => self.tool_write(r).await,
             SandboxRequest::Ls(r) => self.tool_ls(r).await.map(ToolReply::Ls),
@@ -71,6 +74,32 @@ impl VmSandbox {
             .ok_or_else(|| SandboxError::Unavailable("the sandbox is shutting down".into()))?;
         let exec_id = format!("burrow-tool-{}", NEXT.fetch_add(1, Ordering::Relaxed));
         crate::tools::run_exec(me, &id, &exec_id, process, timeout, r.output_cap()).await
+    }
+
+    /// Start `r` as a detached session: the agent keeps its output (the
+    /// shim keeps nothing, so it is there after a wake or a restore).
+    async fn tool_detach(&self, r: ExecRequest) -> Result<SessionStarted> {
+        let (_, c) = self.tool_container()?;
+        let process = crate::tools::exec_process(c.spec.get("process"), &r)?;
+        let process = serde_json::to_vec(&process)
+            .map_err(|e| SandboxError::Internal(format!("the exec's process: {e}")))?;
+        let (agent, gid) = self.tool_agent().await?;
+        let timeout = r.timeout_secs.min(MAX_EXEC_TIMEOUT_SECS);
+        let (session, pid) = agent.start_session(&gid, &process, timeout).await?;
+        Ok(SessionStarted { session, pid })
+    }
+
+    async fn tool_attach(&self, r: AttachRequest) -> Result<SessionOutput> {
+        let (agent, _) = self.tool_agent().await?;
+        let max = r
+            .max_bytes
+            .unwrap_or(MAX_ATTACH_BYTES)
+            .clamp(1, MAX_ATTACH_BYTES);
+        let wait = Duration::from_secs(r.wait_secs.min(MAX_ATTACH_WAIT_SECS));
+        let reply = agent
+            .read_session(&r.session, r.from, max as usize, wait)
+            .await?;
+        crate::tools::session::session_output(r.from, reply, max as usize, r.whole_lines)
     }
 
     async fn tool_read(&self, r: ReadRequest) -> Result<ReadOutput> {

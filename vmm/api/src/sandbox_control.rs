@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::sandbox_tools::{
-    BrowseRequest, EditRequest, ElementRequest, ExecRequest, LsRequest, ReadRequest,
+    AttachRequest, BrowseRequest, EditRequest, ElementRequest, ExecRequest, LsRequest, ReadRequest,
     ScreenshotRequest, ToolReply, WriteRequest, MAX_WRITE,
 };
 
@@ -51,6 +51,10 @@ pub enum SandboxRequest {
     Checkpoint { name: String },
     /// Run a command in the container (waking the VM first).
     Exec(ExecRequest),
+    /// Start a command as a detached session (`timeout_secs` 0: none).
+    Detach(ExecRequest),
+    /// Read on in a detached session.
+    Attach(AttachRequest),
     /// Read lines of a file in the container.
     Read(ReadRequest),
     /// Replace a file in the container atomically.
@@ -78,6 +82,8 @@ impl SandboxRequest {
             Self::Wake => "wake",
             Self::Checkpoint { .. } => "checkpoint",
             Self::Exec(_) => "exec",
+            Self::Detach(_) => "detach",
+            Self::Attach(_) => "attach",
             Self::Read(_) => "read",
             Self::Write(_) => "write",
             Self::Ls(_) => "ls",

@@ -10,6 +10,10 @@
 //! {"cmd":"write","path":"/tmp/a","content":"hi\n"}
 //! {"cmd":"ls","path":"/tmp"}
 //! {"cmd":"edit","path":"/tmp/a","old":"hi","new":"ho"}
+//! {"cmd":"detach","args":["sh","-c","make"],"env":[],"timeout_secs":0}
+//!     -> {"ok":true,"state":"running","tool":{"tool":"detach","session":"s1","pid":42}}
+//! {"cmd":"attach","session":"s1","from":0,"wait_secs":10}
+//!     -> {..."tool":{"tool":"attach","output":"...","from":0,"next":812,"end":812,"done":false,...}}
 //! ```
 //!
 //! Text only: file contents and output travel as UTF-8 strings (output the
@@ -74,6 +78,80 @@ impl ExecRequest {
             usize::try_from(m)
                 .unwrap_or(MAX_EXEC_OUTPUT_FULL)
                 .clamp(MAX_EXEC_OUTPUT, MAX_EXEC_OUTPUT_FULL)
+        })
+    }
+}
+
+/// Most bytes of a detached session's output one `attach` returns, and the
+/// default.
+pub const MAX_ATTACH_BYTES: u64 = 1 << 20;
+/// Most bytes of output a detached session keeps in the guest (the
+/// agent's `MAX_SESSION_BUFFER`); older output is dropped.
+pub const SESSION_BUFFER: usize = 1 << 20;
+/// Longest an `attach` waits for output (seconds).
+pub const MAX_ATTACH_WAIT_SECS: u64 = 60;
+
+/// Read on in a detached session (`burrow exec ID --attach SESSION`): its
+/// output from byte `from`, waiting up to `wait_secs` for some if there is
+/// none yet. The session lives in the guest; nothing of it is kept on the
+/// host, so a caller reads on from its offset after a wake or a restore.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttachRequest {
+    pub session: String,
+    #[serde(default)]
+    pub from: u64,
+    #[serde(default)]
+    pub wait_secs: u64,
+    /// At most this many bytes (default and most [`MAX_ATTACH_BYTES`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<u64>,
+    /// While the command runs, end the piece after its last newline (or,
+    /// in a full piece without one, its last space), so that a secret is
+    /// not split between two pieces and redacted in neither (`burrow mcp`).
+    #[serde(default)]
+    pub whole_lines: bool,
+}
+
+/// A detached session started (`burrow exec ID --detach`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionStarted {
+    pub session: String,
+    pub pid: u32,
+}
+
+/// A piece of a detached session's output (stdout and stderr together, in
+/// the order they came).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionOutput {
+    /// Output from `from` (not UTF-8: U+FFFD in its place).
+    pub output: String,
+    /// Offset of the output's first byte: the one asked for, or later when
+    /// the bytes before it were dropped (`dropped` says how many).
+    pub from: u64,
+    /// Where to read on from.
+    pub next: u64,
+    /// Bytes of output the command has written so far.
+    pub end: u64,
+    pub dropped: u64,
+    /// The command exited and this reply carries the end of its output.
+    pub done: bool,
+    pub exit_code: Option<i32>,
+    pub signal: Option<u32>,
+    pub timed_out: bool,
+}
+
+impl SessionOutput {
+    /// The status a finished session's command exited with, as
+    /// [`ExecOutput::status`]; None while it runs.
+    pub fn status(&self) -> Option<i32> {
+        self.done.then(|| {
+            ExecOutput {
+                exit_code: self.exit_code,
+                signal: self.signal,
+                timed_out: self.timed_out,
+                ..Default::default()
+            }
+            .status()
         })
     }
 }
@@ -260,6 +338,8 @@ pub enum ToolReply {
     },
     Browse(BrowseOutput),
     Screenshot(ScreenshotOutput),
+    Detach(SessionStarted),
+    Attach(SessionOutput),
 }
 
 /// A finished (or killed) command.
@@ -397,6 +477,24 @@ mod tests {
         assert_eq!(r.output_cap(), MAX_EXEC_OUTPUT_FULL);
         r.max_output = Some(1 << 20);
         assert_eq!(r.output_cap(), 1 << 20);
+    }
+
+    #[test]
+    fn a_session_has_a_status_once_done() {
+        let mut out = SessionOutput {
+            exit_code: Some(3),
+            ..Default::default()
+        };
+        assert_eq!(out.status(), None);
+        out.done = true;
+        assert_eq!(out.status(), Some(3));
+        out.timed_out = true;
+        assert_eq!(out.status(), Some(TIMED_OUT_STATUS));
+        let r: AttachRequest = serde_json::from_str(r#"{"session":"s1"}"#).unwrap();
+        assert_eq!(
+            (r.from, r.wait_secs, r.max_bytes, r.whole_lines),
+            (0, 0, None, false)
+        );
     }
 
     #[test]

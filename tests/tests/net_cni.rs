@@ -1,10 +1,10 @@
 //! A container in a CNI network namespace, end to end: the test makes a
 //! network namespace and runs Debian's `bridge` + `host-local` CNI plugins
 //! on it, as containerd's CRI plugin does for a pod, then `ctr run
-//! --with-ns network:PATH` puts the container in it. (`ctr run --cni` runs
-//! CNI only after the task started, on `/proc/<task pid>/ns/net`: it needs
-//! a runtime whose task lives in a host namespace, so it is not the path
-//! pods take and not the one tested here.)
+//! --with-ns network:PATH` puts the container in it. `ctr run --cni` (CNI
+//! run by ctr between task create and start, on `/proc/<task pid>/ns/net`,
+//! the namespace burrow's shim made and a holder process lives in) is
+//! tested on its own, with runc as the control.
 //!
 //! Checked as a user would notice: the container has the CNI address on
 //! eth0 and the default route through the bridge; 100 MB go from the test
@@ -471,23 +471,217 @@ fn runc_control_in_the_same_network() {
 }
 
 #[test]
-fn without_a_network_namespace_the_guest_has_loopback_only() {
+fn without_cni_the_guest_has_loopback_only() {
+    // `ctr run` asks for a new, unnamed namespace: the shim makes one, and
+    // with nothing added to it the guest's NIC stays down, unaddressed.
     let c = Containerd::nested("nonet");
     let r = c.ctr(&burrow_tests::containerd::run(
         &["--rm"],
         "t-nonet",
-        &["ip", "-o", "link"],
+        &["sh", "-c", "ip -o addr; echo routes:; ip route; ip -o link"],
     ));
     assert_eq!(r.code, Some(0), "{r:?}\n{}", c.diagnostics());
-    // lo (and the kernel's own tunnel stubs such as sit0), no Ethernet NIC.
+    let (addrs, routes) = r.stdout.split_once("routes:").unwrap();
+    let addrs: Vec<&str> = addrs.lines().filter(|l| l.contains("inet")).collect();
     assert!(
-        r.stdout.lines().any(|l| l.contains(": lo:")),
-        "{}",
+        !addrs.is_empty() && addrs.iter().all(|l| l.contains("scope host")),
+        "addresses on lo only: {}",
         r.stdout
     );
     assert!(
-        !r.stdout.contains("link/ether"),
-        "a NIC without a network namespace: {}",
+        !routes.lines().any(|l| l.contains(" dev ")),
+        "no routes: {}",
         r.stdout
     );
+    assert!(
+        !r.stdout
+            .lines()
+            .any(|l| l.contains("link/ether") && l.contains(",UP")),
+        "an Ethernet NIC is up without CNI: {}",
+        r.stdout
+    );
+}
+
+/// ctr's CNI setup: a bridge + host-local conflist first in
+/// `/etc/cni/net.d` and the plugins in `/opt/cni/bin` (go-cni's defaults;
+/// ctr has no flags for them); removed when dropped.
+struct CtrCni {
+    made: Vec<std::path::PathBuf>,
+    data: String,
+    bridge: String,
+}
+
+const CTR_CNI_NET: &str = "burrow-ctr-cni";
+/// The test host's server for this test (the others use 8081 and 8082).
+const CTR_CNI_PORT: u16 = 8085;
+
+impl CtrCni {
+    fn install(octet: u8) -> Self {
+        let bridge = format!("bcni{octet}");
+        let data = "/run/burrow-test-cni/ctr".to_string();
+        let _ = sh(&format!("ip link del {bridge}; rm -rf {data}"));
+        let mut made = Vec::new();
+        for dir in ["/etc/cni/net.d", "/opt/cni/bin"] {
+            std::fs::create_dir_all(dir).unwrap();
+        }
+        for plugin in ["bridge", "host-local"] {
+            let link = std::path::Path::new("/opt/cni/bin").join(plugin);
+            if !link.exists() {
+                std::os::unix::fs::symlink(format!("{CNI_BIN}/{plugin}"), &link).unwrap();
+                made.push(link);
+            }
+        }
+        let conf = serde_json::json!({
+            "cniVersion": "1.0.0",
+            "name": CTR_CNI_NET,
+            "plugins": [{
+                "type": "bridge",
+                "bridge": bridge,
+                "isGateway": true,
+                "ipMasq": false,
+                "ipam": {
+                    "type": "host-local",
+                    "subnet": format!("10.88.{octet}.0/24"),
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                    "dataDir": data,
+                },
+            }],
+        });
+        let path = std::path::PathBuf::from("/etc/cni/net.d/00-burrow-ctr-cni.conflist");
+        std::fs::write(&path, conf.to_string()).unwrap();
+        made.push(path);
+        Self { made, data, bridge }
+    }
+
+    /// The addresses host-local has handed out and not released.
+    fn leases(&self) -> Vec<String> {
+        std::fs::read_dir(format!("{}/{CTR_CNI_NET}", self.data))
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.parse::<std::net::Ipv4Addr>().is_ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for CtrCni {
+    fn drop(&mut self) {
+        for p in &self.made {
+            let _ = std::fs::remove_file(p);
+        }
+        let _ = sh(&format!(
+            "ip link del {}; rm -rf {}",
+            self.bridge, self.data
+        ));
+    }
+}
+
+/// `ctr run --cni` under `runtime`: the container gets the address CNI
+/// gave the namespace of the task pid, serves the test host on it and
+/// reaches the test host; once the task is killed ctr's CNI DEL releases
+/// the address and nothing is left.
+fn ctr_run_cni(c: &Containerd, cni: &CtrCni, runtime: &str, id: &str, gateway: &str) {
+    let run = c.spawn_ctr(&[
+        "run",
+        "--rm",
+        "--cni",
+        "--runtime",
+        runtime,
+        IMAGE,
+        id,
+        "sh",
+        "-c",
+        "mkdir -p /www && echo small > /www/small && exec httpd -f -p 8080 -h /www",
+    ]);
+    c.wait_status(id, "RUNNING", LONG);
+    let leases = cni.leases();
+    assert_eq!(leases.len(), 1, "{runtime}: one address leased: {leases:?}");
+    let ip = &leases[0];
+
+    // The task pid names a host process in the namespace CNI filled.
+    let pid = c
+        .ctr(&["task", "ls"])
+        .stdout
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.first() == Some(&id)).then(|| f.get(1)?.parse::<i32>().ok())?
+        })
+        .expect("ctr task ls shows the task's pid");
+    let in_ns = sh_ok(&format!("nsenter -t {pid} -n ip -o -4 addr show dev eth0"));
+    assert!(
+        in_ns.contains(&format!("inet {ip}/24")),
+        "{runtime}: the task pid's namespace has the CNI address {ip}: {in_ns}"
+    );
+
+    // The container has it, and the route through the bridge.
+    let addr = c.exec_ok(
+        id,
+        "addr",
+        &["ip", "-o", "-4", "addr", "show", "dev", "eth0"],
+    );
+    assert!(
+        addr.contains(&format!("inet {ip}/24")),
+        "{runtime}: eth0 in the container has {ip}: {addr}"
+    );
+    let route = c.exec_ok(id, "route", &["ip", "route"]);
+    assert!(route.contains(&format!("default via {gateway}")), "{route}");
+    let ps = c.ctr(&["task", "ps", id]);
+    assert!(
+        ps.stdout.lines().skip(1).any(|l| l
+            .split_whitespace()
+            .next()
+            .is_some_and(|p| p.parse::<u32>().is_ok())),
+        "{runtime}: ctr task ps lists the container's processes: {ps:?}"
+    );
+    // The test host reaches its server; it reaches the test host's.
+    let got = sh_ok(&format!("wget -q -T 60 -O - http://{ip}:8080/small"));
+    assert_eq!(got.trim(), "small", "{runtime}: into the container");
+    assert!(
+        fetch(
+            c,
+            id,
+            "out",
+            &format!("http://{gateway}:{CTR_CNI_PORT}/small"),
+            "60"
+        ),
+        "{runtime}: out of the container"
+    );
+
+    assert_eq!(c.ctr(&["task", "kill", "-s", "KILL", id]).code, Some(0));
+    let (out, killed) = burrow_tests::containerd::wait_output(run, LONG);
+    assert!(!killed, "{runtime}: ctr run did not end after the kill");
+    eprintln!("ctr run --cni {runtime}: {out:?}");
+    assert_eq!(
+        cni.leases(),
+        Vec::<String>::new(),
+        "{runtime}: CNI DEL released the address"
+    );
+    let veths = sh_ok(&format!("ip -o link show master {}", cni.bridge));
+    assert!(
+        veths.trim().is_empty(),
+        "{runtime}: a veth is left: {veths}"
+    );
+    if runtime == RUNTIME {
+        assert!(
+            !burrow_tests::containerd::process_running(pid),
+            "the namespace holder {pid} outlived the task"
+        );
+        c.assert_clean(CLEAN);
+    }
+}
+
+#[test]
+fn ctr_run_cni_configures_the_namespace_of_the_task_pid() {
+    let c = Containerd::nested("ctrcni");
+    let cni = CtrCni::install(65);
+    let gateway = "10.88.65.1";
+    let www = c.dir.join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    std::fs::write(www.join("small"), "small\n").unwrap();
+    let _server = serve(&www, CTR_CNI_PORT);
+    ctr_run_cni(&c, &cni, "io.containerd.runc.v2", "t-cni-runc", gateway);
+    ctr_run_cni(&c, &cni, RUNTIME, "t-cni", gateway);
 }

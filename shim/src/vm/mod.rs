@@ -27,6 +27,7 @@ pub mod launch;
 pub mod lifecycle;
 pub mod named;
 pub mod net;
+pub mod netns;
 pub mod pod;
 pub mod rootfs;
 pub mod snapshot;
@@ -393,7 +394,7 @@ impl VmSandbox {
             booting.elapsed().as_millis().saturating_sub(guest_ms),
             guest_ms
         );
-        Ok(pid)
+        Ok(self.task_pid(pid).await)
     }
 
     async fn restore_inner(&self, cfg: &Config, c: &ContainerConfig, dir: &Path) -> Result<u32> {
@@ -458,7 +459,7 @@ impl VmSandbox {
         if manifest.packed {
             let _ = std::fs::remove_dir_all(&unpacked);
         }
-        r
+        Ok(self.task_pid(r?).await)
     }
 
     /// Write a checkpoint into `dir` (packed for containerd, or plain), then
@@ -521,10 +522,9 @@ impl Sandbox for VmSandbox {
     }
 
     async fn start_container(&self, id: &str) -> Result<()> {
-        self.awake_agent()
-            .await?
-            .start_container(&self.gid(id))
-            .await
+        let agent = self.awake_agent().await?;
+        self.wire_network(&agent).await?;
+        agent.start_container(&self.gid(id)).await
     }
 
     async fn delete_container(&self, id: &str) -> Result<()> {

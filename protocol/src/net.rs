@@ -18,6 +18,22 @@ pub const MAX_ROUTES: usize = 32;
 /// gateways fit well below it).
 pub const MAX_TEXT: usize = 4096;
 
+/// The files of a container's network identity that CRI (and nerdctl)
+/// bind-mount from the host: (destination in the container, name). The
+/// shim carries each one's contents in the guest spec's annotation
+/// [`HOST_FILE_ANNOTATION`]`NAME` and points the mount's source at
+/// [`HOST_FILE_SOURCE`]`NAME`; the agent writes the file in the guest and
+/// mounts it there instead.
+pub const HOST_FILES: [(&str, &str); 3] = [
+    ("/etc/resolv.conf", "resolv.conf"),
+    ("/etc/hosts", "hosts"),
+    ("/etc/hostname", "hostname"),
+];
+pub const HOST_FILE_ANNOTATION: &str = "io.burrow.file.";
+pub const HOST_FILE_SOURCE: &str = "burrow-file:";
+/// The largest such file carried.
+pub const MAX_HOST_FILE_BYTES: usize = 64 << 10;
+
 /// An address or destination with its prefix length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cidr {

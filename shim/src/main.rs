@@ -9,6 +9,12 @@ fn main() {
         burrow_shim::vm::netns::run_holder();
         return;
     }
+    // `burrow check`'s network part (vm::netcheck).
+    if std::env::args().nth(1).as_deref() == Some(burrow_shim::vm::netcheck::CHECK_ARG) {
+        let parts = burrow_shim::vm::netcheck::check();
+        print!("{}", burrow_shim::vm::netcheck::report(&parts));
+        std::process::exit(i32::from(parts.iter().any(|(_, r)| r.is_err())));
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

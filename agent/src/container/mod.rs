@@ -12,6 +12,7 @@
 //! small for a fast-booting initramfs. What a container needs inside an
 //! already isolating VM is a short list of system calls (see `spawn`).
 
+mod hostfiles;
 mod mounts;
 mod plan;
 mod podns;

@@ -20,13 +20,16 @@ pub mod agent;
 mod browse;
 pub mod checkpoint;
 pub mod egress;
+pub mod egress_dns;
 pub mod hibernate;
+pub mod hostfiles;
 pub mod intake;
 pub mod jail;
 pub mod launch;
 pub mod lifecycle;
 pub mod named;
 pub mod net;
+pub mod netcheck;
 pub mod netns;
 pub mod pod;
 pub mod rootfs;
@@ -301,7 +304,11 @@ impl VmSandbox {
 
     /// The spec the guest gets for container `c`, and its JSON (bounded).
     fn guest_spec(&self, c: &ContainerConfig) -> Result<(serde_json::Value, Vec<u8>)> {
-        let (guest_spec, stripped) = spec::for_guest(&c.spec);
+        let (mut guest_spec, stripped) = spec::for_guest(&c.spec);
+        let carried = hostfiles::carry(&c.spec, &mut guest_spec);
+        if !carried.is_empty() {
+            tracing::info!("{}: carried into the guest: {}", c.id, carried.join(", "));
+        }
         if !stripped.items.is_empty() {
             tracing::info!(
                 "{}: not forwarded to the guest: {}",

@@ -42,7 +42,8 @@ use rtnetlink::packet_route::tc::TcHandle;
 use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
 use serde_json::Value;
 
-use super::egress::{self, Egress};
+use super::egress::{self, Egress, Resolved};
+use super::egress_dns::{self, Refresher};
 use super::netns::{self, Holder};
 use crate::sandbox::{Result, SandboxError};
 
@@ -76,6 +77,8 @@ pub struct SandboxNet {
     pub guest: GuestNet,
     /// Set when the shim made the namespace ([`netns`]).
     fresh: Option<Fresh>,
+    /// Keeps the allow-list's DNS names current, when it has any.
+    refresh: Option<Refresher>,
 }
 
 /// A namespace the shim made: CNI may fill it between create and start.
@@ -111,6 +114,8 @@ impl SandboxNet {
     pub async fn setup(netns: &Path, egress: Egress) -> Result<Self> {
         let path = netns.to_path_buf();
         let rules = egress.clone();
+        let resolved = egress_dns::resolve(&egress, &Resolved::new()).await;
+        let names = resolved.clone();
         let (tap, cni_if, guest) = in_netns(netns, move |h| {
             Box::pin(async move {
                 let cni = cni_interface(&h)
@@ -118,11 +123,12 @@ impl SandboxNet {
                     .ok_or_else(|| net_err("the namespace", "has no interface but lo"))?;
                 let guest = read_config(&h, &cni).await?;
                 let tap = open_tap(TAP_NAME)?;
-                wire(&h, &cni, &guest, &rules).await?;
+                wire(&h, &cni, &guest, &rules, &names).await?;
                 Ok((tap, name_of(&cni), guest))
             })
         })
         .await?;
+        let refresh = egress_dns::refresher(path.clone(), egress.clone(), cni_if.clone(), resolved);
         let net = Self {
             netns: path,
             tap,
@@ -130,6 +136,7 @@ impl SandboxNet {
             egress,
             guest,
             fresh: None,
+            refresh,
         };
         tracing::info!("sandbox network: {net:?}");
         Ok(net)
@@ -161,6 +168,7 @@ impl SandboxNet {
                 boot_mac,
                 looked: false,
             }),
+            refresh: None,
         };
         tracing::info!("sandbox network: {net:?}");
         Ok(net)
@@ -182,13 +190,15 @@ impl SandboxNet {
         fresh.looked = true;
         let boot_mac = fresh.boot_mac;
         let rules = self.egress.clone();
+        let resolved = egress_dns::resolve(&self.egress, &Resolved::new()).await;
+        let names = resolved.clone();
         let found = in_netns(&self.netns, move |h| {
             Box::pin(async move {
                 let Some(cni) = cni_interface(&h).await? else {
                     return Ok(None);
                 };
                 let guest = read_config(&h, &cni).await?;
-                wire(&h, &cni, &guest, &rules).await?;
+                wire(&h, &cni, &guest, &rules, &names).await?;
                 Ok(Some((name_of(&cni), guest)))
             })
         })
@@ -197,6 +207,12 @@ impl SandboxNet {
             tracing::info!("sandbox network: nothing added to the namespace; loopback only");
             return Ok(None);
         };
+        self.refresh = egress_dns::refresher(
+            self.netns.clone(),
+            self.egress.clone(),
+            cni_if.clone(),
+            resolved,
+        );
         self.cni_if = cni_if;
         self.guest = guest.clone();
         tracing::info!("sandbox network, wired at start: {self:?}");
@@ -221,7 +237,8 @@ impl SandboxNet {
 
     /// Remove the filter on the CNI interface and close the tap (which
     /// takes its own qdisc with it). The namespace may already be gone.
-    pub async fn teardown(self) {
+    pub async fn teardown(mut self) {
+        drop(self.refresh.take());
         let cni_if = self.cni_if.clone();
         let r = in_netns(&self.netns, move |h| {
             Box::pin(async move {
@@ -247,7 +264,7 @@ type NsFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<T>>
 /// Run `f` with an rtnetlink handle inside network namespace `netns`, on
 /// a thread of its own that ends afterwards (a thread that has `setns`ed
 /// must not go back to a pool).
-async fn in_netns<T, F>(netns: &Path, f: F) -> Result<T>
+pub(super) async fn in_netns<T, F>(netns: &Path, f: F) -> Result<T>
 where
     T: Send + 'static,
     F: FnOnce(Handle) -> NsFuture<T> + Send + 'static,
@@ -303,7 +320,7 @@ async fn links(h: &Handle) -> Result<Vec<LinkMessage>> {
         .map_err(|e| net_err("listing links", e))
 }
 
-async fn link_by_name(h: &Handle, name: &str) -> Result<Option<LinkMessage>> {
+pub(super) async fn link_by_name(h: &Handle, name: &str) -> Result<Option<LinkMessage>> {
     Ok(links(h).await?.into_iter().find(|l| name_of(l) == name))
 }
 
@@ -330,10 +347,16 @@ async fn cni_interface(h: &Handle) -> Result<Option<LinkMessage>> {
 
 /// Join the tap to `cni` (redirect in, egress policy out); undone if a
 /// step fails.
-async fn wire(h: &Handle, cni: &LinkMessage, guest: &GuestNet, rules: &Egress) -> Result<()> {
+async fn wire(
+    h: &Handle,
+    cni: &LinkMessage,
+    guest: &GuestNet,
+    rules: &Egress,
+    names: &Resolved,
+) -> Result<()> {
     let joined = async {
         join(h, cni, guest.mtu).await?;
-        egress::nft(&rules.ruleset(TAP_NAME, &name_of(cni)))
+        egress::nft(&rules.ruleset(TAP_NAME, &name_of(cni), names))
     };
     if let Err(e) = joined.await {
         let _ = unjoin(h, cni.header.index).await;
@@ -459,7 +482,7 @@ fn guest_route(r: &RouteMessage, index: u32) -> Option<Route> {
 
 /// Open (create) tap `name` with virtio-net headers in this thread's
 /// namespace. It lives as long as a descriptor of it is open.
-fn open_tap(name: &str) -> Result<OwnedFd> {
+pub(super) fn open_tap(name: &str) -> Result<OwnedFd> {
     #[repr(C)]
     struct IfReq {
         name: [u8; libc::IFNAMSIZ],
@@ -499,7 +522,7 @@ fn open_tap(name: &str) -> Result<OwnedFd> {
 
 /// Bring the tap up with the CNI interface's MTU and redirect what
 /// arrives on the CNI interface to the tap (the other way is nftables').
-async fn join(h: &Handle, cni: &LinkMessage, mtu: u32) -> Result<()> {
+pub(super) async fn join(h: &Handle, cni: &LinkMessage, mtu: u32) -> Result<()> {
     let tap = link_by_name(h, TAP_NAME)
         .await?
         .ok_or_else(|| net_err("the tap", "vanished"))?;

@@ -27,6 +27,24 @@ pub fn sh_ok(cmd: &str) -> String {
     out
 }
 
+/// The bridge plugin's config: bridge `bridge` as the gateway of
+/// 10.88.`octet`.0/24, addresses from host-local keeping its leases in
+/// `data`.
+fn bridge_plugin(bridge: &str, octet: u8, data: &str) -> serde_json::Value {
+    serde_json::json!({
+        "type": "bridge",
+        "bridge": bridge,
+        "isGateway": true,
+        "ipMasq": false,
+        "ipam": {
+            "type": "host-local",
+            "subnet": format!("10.88.{octet}.0/24"),
+            "routes": [{"dst": "0.0.0.0/0"}],
+            "dataDir": data,
+        },
+    })
+}
+
 /// A network namespace with a CNI bridge network attached, as CRI makes
 /// one for a pod; removed (CNI DEL, namespace, bridge) when dropped.
 pub struct CniNetns {
@@ -50,21 +68,10 @@ impl CniNetns {
         }
         let bridge = format!("bcni{octet}");
         let data = format!("/run/burrow-test-cni/{name}");
-        let conf = serde_json::json!({
-            "cniVersion": "1.0.0",
-            "name": format!("burrow-{name}"),
-            "type": "bridge",
-            "bridge": bridge,
-            "isGateway": true,
-            "ipMasq": false,
-            "ipam": {
-                "type": "host-local",
-                "subnet": format!("10.88.{octet}.0/24"),
-                "routes": [{"dst": "0.0.0.0/0"}],
-                "dataDir": data,
-            },
-        })
-        .to_string();
+        let mut conf = bridge_plugin(&bridge, octet, &data);
+        conf["cniVersion"] = "1.0.0".into();
+        conf["name"] = format!("burrow-{name}").into();
+        let conf = conf.to_string();
         let _ = sh(&format!(
             "ip netns del {name}; ip link del {bridge}; rm -rf {data}"
         ));
@@ -171,18 +178,7 @@ impl CtrCni {
         let conf = serde_json::json!({
             "cniVersion": "1.0.0",
             "name": CTR_CNI_NET,
-            "plugins": [{
-                "type": "bridge",
-                "bridge": bridge,
-                "isGateway": true,
-                "ipMasq": false,
-                "ipam": {
-                    "type": "host-local",
-                    "subnet": format!("10.88.{octet}.0/24"),
-                    "routes": [{"dst": "0.0.0.0/0"}],
-                    "dataDir": data,
-                },
-            }],
+            "plugins": [bridge_plugin(&bridge, octet, &data)],
         });
         let path = std::path::PathBuf::from("/etc/cni/net.d/00-burrow-ctr-cni.conflist");
         std::fs::write(&path, conf.to_string()).unwrap();

@@ -18,7 +18,7 @@ use std::fs::File;
 use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use serde_json::Value;
@@ -77,9 +77,15 @@ fn ns_err(what: &str, e: impl std::fmt::Display) -> SandboxError {
 }
 
 impl Holder {
-    /// Start a holder in a new network namespace and open that namespace.
+    /// Start a holder (this very binary) in a new network namespace and
+    /// open that namespace.
     pub fn spawn() -> Result<Self> {
-        let mut cmd = Command::new("/proc/self/exe");
+        Self::spawn_from(Path::new("/proc/self/exe"))
+    }
+
+    /// [`Self::spawn`] with the shim binary at `exe`.
+    pub fn spawn_from(exe: &Path) -> Result<Self> {
+        let mut cmd = Command::new(exe);
         cmd.arg(HOLDER_ARG)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())

@@ -608,50 +608,12 @@ fn a_tcp_connection_from_the_test_host_survives_hibernation_checkpoint_and_resto
         .unwrap();
     assert_eq!(echo(&mut conn, "one"), "one");
 
-    // The guest floods its tx queue (UDP to a sink that never reads):
-    // the VMM's control API still answers, the hibernation below being a
-    // snapshot request.
-    let _sink = std::net::UdpSocket::bind((ns.gateway.as_str(), 9999)).unwrap();
-    let flood_cmd = format!(
-        "dd if=/dev/zero bs=1400 count=10000000 2>/dev/null | nc -u {} 9999",
-        ns.gateway
-    );
-    let mut flood = c.spawn_ctr(&[
-        "task",
-        "exec",
-        "--exec-id",
-        "flood",
-        id,
-        "sh",
-        "-c",
-        &flood_cmd,
-    ]);
-    std::thread::sleep(Duration::from_secs(3));
-    assert!(
-        flood.try_wait().unwrap().is_none(),
-        "the flood ended before the hibernation"
-    );
-
     // Hibernate: the VMM goes; the next call wakes it.
     let state_dir = c.burrow_state().display().to_string();
-    let t = Instant::now();
     let h = c.burrow(&["sandbox", "hibernate", "--state-dir", &state_dir, id]);
-    assert_eq!(
-        h.code,
-        Some(0),
-        "hibernate under a tx flood: {h:?}\n{}",
-        c.diagnostics()
-    );
-    eprintln!("hibernated under a tx flood in {:?}", t.elapsed());
+    assert_eq!(h.code, Some(0), "hibernate: {h:?}\n{}", c.diagnostics());
     c.exec_ok(id, "wake", &["true"]);
     assert_eq!(echo(&mut conn, "two"), "two", "after hibernate and wake");
-    let k = c.ctr(&["task", "kill", "--exec-id", "flood", "-s", "KILL", id]);
-    assert_eq!(k.code, Some(0), "{k:?}");
-    let (out, killed) = burrow_tests::containerd::wait_output(flood, LONG);
-    assert!(
-        !killed && out.status.code() != Some(0),
-        "the flood ran on: {out:?}"
-    );
 
     // Checkpoint, then the VMM is SIGKILLed (no FIN or RST leaves the
     // guest); after delete nothing is left in the namespace.

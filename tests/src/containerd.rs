@@ -349,17 +349,9 @@ impl Containerd {
         for root in [self.burrow_state(), self.snapshot_dir()] {
             let mut stack = vec![root];
             while let Some(p) = stack.pop() {
-                let Ok(meta) = std::fs::symlink_metadata(&p) else {
-                    continue;
-                };
-                if meta.permissions().mode() & 0o077 != 0
-                    && !crate::jailed::is_jail_state_dir(&meta)
-                {
-                    open.push(format!(
-                        "{:o} {}",
-                        meta.permissions().mode() & 0o7777,
-                        p.display()
-                    ));
+                let Ok(meta) = std::fs::symlink_metadata(&p) else { continue };
+                if meta.permissions().mode() & 0o077 != 0 && !crate::jailed::is_jail_state_dir(&meta) {
+                    open.push(format!("{:o} {}", meta.permissions().mode() & 0o7777, p.display()));
                 }
                 if meta.is_dir() {
                     stack.extend(

@@ -187,9 +187,7 @@ impl VmSandbox {
                 .write(!rootfs.read_only)
                 .custom_flags(libc::O_CLOEXEC)
                 .open(&rootfs.disk)
-                .map_err(|e| {
-                    SandboxError::io(format_args!("opening {}", rootfs.disk.display()), &e)
-                })?;
+                .map_err(|e| SandboxError::io(format_args!("opening {}", rootfs.disk.display()), &e))?;
             self.slot_command_with(
                 Command::AttachDisk {
                     slot,

@@ -1,7 +1,9 @@
 //! The guest's NIC: configured at boot from [`GuestNet`] on the kernel
 //! command line (the shim copies the container network namespace's
 //! interface: its MAC, MTU, addresses and routes), over rtnetlink.
-//! Without `burrow.net` the guest has loopback only.
+//! Without `burrow.net` the guest has loopback only, until the shim sends
+//! the same configuration over `ConfigureNetwork` ([`configure_nic`]):
+//! CNI filled the sandbox's namespace after the VM booted (`ctr run --cni`).
 
 use std::net::IpAddr;
 
@@ -29,6 +31,44 @@ pub async fn configure(net: &GuestNet) -> anyhow::Result<()> {
     let (conn, handle, _) = rtnetlink::new_connection()?;
     let task = tokio::spawn(conn);
     let r = apply(&handle, net).await;
+    task.abort();
+    r
+}
+
+/// Give the NIC whose MAC is `nic` (its boot MAC; or already `net.mac`,
+/// when this is sent again) `net`'s MAC, then configure it as
+/// [`configure`] does.
+pub async fn configure_nic(nic: [u8; 6], net: &GuestNet) -> anyhow::Result<()> {
+    let (conn, handle, _) = rtnetlink::new_connection()?;
+    let task = tokio::spawn(conn);
+    let r = async {
+        let link = match find_by_mac(&handle, nic).await? {
+            Some(l) => l,
+            None => find_by_mac(&handle, net.mac)
+                .await?
+                .ok_or_else(|| anyhow::anyhow!("no network interface has MAC {nic:02x?}"))?,
+        };
+        let index = link.header.index;
+        // Down while its address changes (not every driver can change it live).
+        handle
+            .link()
+            .set(LinkUnspec::new_with_index(index).down().build())
+            .execute()
+            .await
+            .map_err(|e| anyhow::anyhow!("setting link {index} down: {e}"))?;
+        handle
+            .link()
+            .set(
+                LinkUnspec::new_with_index(index)
+                    .address(net.mac.to_vec())
+                    .build(),
+            )
+            .execute()
+            .await
+            .map_err(|e| anyhow::anyhow!("setting link {index}'s MAC: {e}"))?;
+        apply(&handle, net).await
+    }
+    .await;
     task.abort();
     r
 }

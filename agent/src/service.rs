@@ -434,6 +434,27 @@ impl burrow_protocol::Agent for AgentService {
         Ok(empty())
     }
 
+    async fn configure_network(
+        &self,
+        _ctx: &TtrpcContext,
+        req: ConfigureNetworkRequest,
+    ) -> TResult<Empty> {
+        self.require_pid1("configuring the NIC")?;
+        let nic: [u8; 6] = req
+            .nic_mac
+            .as_slice()
+            .try_into()
+            .map_err(|_| invalid("nic_mac must be 6 bytes"))?;
+        let net: burrow_protocol::net::GuestNet = req
+            .config
+            .parse()
+            .map_err(|e| invalid(format!("network config: {e}")))?;
+        crate::net::configure_nic(nic, &net)
+            .await
+            .map_err(|e| AgentError::FailedPrecondition(format!("configuring the NIC: {e:#}")))?;
+        Ok(empty())
+    }
+
     async fn power_off(&self, _ctx: &TtrpcContext, req: PowerOffRequest) -> TResult<Empty> {
         self.require_pid1("powering off")?;
         tracing::info!(reboot = req.reboot, "powering off on request");

@@ -36,6 +36,40 @@ pub struct Facts {
     pub cpu_flag: Option<&'static str>,
     /// Result of running the tiny guest (None if it was not attempted).
     pub tiny_guest: Option<Result<ProbeOutcome, String>>,
+    /// What the shim's network check printed (tap, tc, nftables), or why
+    /// it did not run.
+    pub network: Result<String, String>,
+}
+
+/// The shim binary: next to this one, else on PATH.
+fn shim_binary() -> Option<std::path::PathBuf> {
+    const SHIM: &str = "containerd-shim-burrow-v2";
+    let beside = std::env::current_exe().ok()?.with_file_name(SHIM);
+    if beside.is_file() {
+        return Some(beside);
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(SHIM))
+        .find(|p| p.is_file())
+}
+
+/// Run the shim's `check-network` (it tries a tap, tc and nftables in a
+/// network namespace of its own).
+fn network_check() -> Result<String, String> {
+    let shim = shim_binary().ok_or("containerd-shim-burrow-v2 not found (burrow install)")?;
+    let out = std::process::Command::new(&shim)
+        .arg("check-network")
+        .output()
+        .map_err(|e| format!("running {}: {e}", shim.display()))?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    if text.trim().is_empty() {
+        return Err(format!(
+            "{} check-network: {}",
+            shim.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(text)
 }
 
 impl Facts {
@@ -49,6 +83,7 @@ impl Facts {
             pvm_module: Path::new("/sys/module/kvm_pvm").exists(),
             cpu_flag: cpu_virt_flag(&cpuinfo),
             tiny_guest,
+            network: network_check(),
         }
     }
 
@@ -89,7 +124,17 @@ pub fn report(facts: &Facts) -> String {
         Some(Ok(o)) => format!("ran (wrote {:#x}, {} exits)", o.byte, o.exits),
         Some(Err(e)) => format!("failed: {e}"),
     };
-    out.push_str(&format!("tiny KVM guest:         {guest}\n\n"));
+    out.push_str(&format!("tiny KVM guest:         {guest}\n"));
+    out.push_str("sandbox network (tap, tc, nftables in a scratch namespace):\n");
+    match &facts.network {
+        Ok(lines) => {
+            for l in lines.lines() {
+                out.push_str(&format!("  {l}\n"));
+            }
+        }
+        Err(e) => out.push_str(&format!("  not checked: {e}\n")),
+    }
+    out.push('\n');
     out.push_str(match kind {
         HostKind::HardwareKvm => {
             "host: hardware KVM\n\
@@ -136,6 +181,7 @@ mod tests {
             pvm_module: false,
             cpu_flag: Some("svm"),
             tiny_guest: ok(),
+            network: Err("not tried".into()),
         };
         assert_eq!(hw.classify(), HostKind::HardwareKvm);
         let pvm = Facts {
@@ -143,6 +189,7 @@ mod tests {
             pvm_module: true,
             cpu_flag: None,
             tiny_guest: ok(),
+            network: Err("not tried".into()),
         };
         assert_eq!(pvm.classify(), HostKind::Pvm);
         assert!(report(&pvm).contains("PVM-enabled guest"));
@@ -151,6 +198,7 @@ mod tests {
             pvm_module: false,
             cpu_flag: Some("vmx"),
             tiny_guest: None,
+            network: Err("not tried".into()),
         };
         assert_eq!(none.classify(), HostKind::None);
         let broken = Facts {
@@ -158,10 +206,21 @@ mod tests {
             pvm_module: false,
             cpu_flag: Some("vmx"),
             tiny_guest: Some(Err("KVM_RUN failed".into())),
+            network: Err("not tried".into()),
         };
         assert_eq!(broken.classify(), HostKind::None);
         assert!(report(&broken).contains("KVM_RUN failed"));
         let codes = [hw.classify(), pvm.classify(), none.classify()].map(HostKind::exit_code);
         assert_eq!(codes, [0, 2, 3], "exit status tells the three apart");
+        assert!(report(&none).contains("  not checked: not tried"));
+        let net = Facts {
+            network: Ok("tap: ok\nnftables: no: nft missing\n".into()),
+            ..hw
+        };
+        let r = report(&net);
+        assert!(
+            r.contains("\n  tap: ok\n  nftables: no: nft missing\n"),
+            "{r}"
+        );
     }
 }

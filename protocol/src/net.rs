@@ -14,6 +14,25 @@ pub const CMDLINE_KEY: &str = "burrow.net";
 /// Most addresses and routes carried (a CNI result has a handful).
 pub const MAX_ADDRS: usize = 16;
 pub const MAX_ROUTES: usize = 32;
+/// The longest text form accepted (16 IPv6 addresses and 32 routes with
+/// gateways fit well below it).
+pub const MAX_TEXT: usize = 4096;
+
+/// The files of a container's network identity that CRI (and nerdctl)
+/// bind-mount from the host: (destination in the container, name). The
+/// shim carries each one's contents in the guest spec's annotation
+/// [`HOST_FILE_ANNOTATION`]`NAME` and points the mount's source at
+/// [`HOST_FILE_SOURCE`]`NAME`; the agent writes the file in the guest and
+/// mounts it there instead.
+pub const HOST_FILES: [(&str, &str); 3] = [
+    ("/etc/resolv.conf", "resolv.conf"),
+    ("/etc/hosts", "hosts"),
+    ("/etc/hostname", "hostname"),
+];
+pub const HOST_FILE_ANNOTATION: &str = "io.burrow.file.";
+pub const HOST_FILE_SOURCE: &str = "burrow-file:";
+/// The largest such file carried.
+pub const MAX_HOST_FILE_BYTES: usize = 64 << 10;
 
 /// An address or destination with its prefix length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,9 +111,17 @@ impl fmt::Display for GuestNet {
     }
 }
 
+/// Whether `mac` can be a NIC's own address: not all zero, not group.
+pub fn is_unicast_mac(mac: [u8; 6]) -> bool {
+    mac != [0; 6] && mac[0] & 1 == 0
+}
+
 impl FromStr for GuestNet {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
+        if s.len() > MAX_TEXT {
+            return Err(format!("longer than {MAX_TEXT} bytes"));
+        }
         let mut net = GuestNet::default();
         let mut have_mac = false;
         for part in s.split(';') {
@@ -138,6 +165,9 @@ impl FromStr for GuestNet {
         }
         if !have_mac || net.mtu == 0 {
             return Err("mac and mtu are required".into());
+        }
+        if !is_unicast_mac(net.mac) {
+            return Err(format!("MAC {:02x?} is not a unicast address", net.mac));
         }
         Ok(net)
     }
@@ -184,6 +214,8 @@ mod tests {
             "mac=0a:58:0a:04:00:05;mtu=1500;addr=10.0.0.1",
             "mac=0a:58:0a:04:00:05;mtu=1500;route=0.0.0.0/0@x",
             "mac=0a:58:0a:04:00:05;mtu=1500;dns=1.1.1.1",
+            "mac=01:00:5e:00:00:01;mtu=1500",
+            "mac=00:00:00:00:00:00;mtu=1500",
         ] {
             assert!(bad.parse::<GuestNet>().is_err(), "{bad}");
         }
@@ -192,5 +224,10 @@ mod tests {
             ";addr=10.0.0.1/8".repeat(MAX_ADDRS + 1)
         );
         assert!(many.parse::<GuestNet>().is_err());
+        let long = format!(
+            "mac=0a:58:0a:04:00:05;mtu=1500;addr=10.0.0.1/{}8",
+            "0".repeat(MAX_TEXT)
+        );
+        assert!(long.parse::<GuestNet>().is_err());
     }
 }

@@ -3,8 +3,29 @@
 
 use burrow_shim::shim::{shim_config, BurrowShim, RUNTIME};
 
-#[tokio::main]
-async fn main() {
+fn main() {
+    // A sandbox's network-namespace holder (vm::netns): no runtime.
+    if std::env::args().nth(1).as_deref() == Some(burrow_shim::vm::netns::HOLDER_ARG) {
+        burrow_shim::vm::netns::run_holder();
+        return;
+    }
+    // `burrow check`'s network part (vm::netcheck).
+    if std::env::args().nth(1).as_deref() == Some(burrow_shim::vm::netcheck::CHECK_ARG) {
+        let parts = burrow_shim::vm::netcheck::check();
+        print!("{}", burrow_shim::vm::netcheck::report(&parts));
+        std::process::exit(i32::from(parts.iter().any(|(_, r)| r.is_err())));
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| {
+            eprintln!("containerd-shim-burrow-v2: tokio runtime: {e}");
+            std::process::exit(1)
+        });
+    rt.block_on(shim_main());
+}
+
+async fn shim_main() {
     // Everything the shim and its VMMs create (rootfs images, snapshots,
     // consoles, logs, sockets, state directories) is theirs alone: guest
     // memory in a snapshot holds the agent's secrets (issue 15).

@@ -153,7 +153,7 @@ pub struct Stripped {
     pub items: Vec<String>,
 }
 
-fn is_bind(m: &Map<String, Value>) -> bool {
+pub(crate) fn is_bind(m: &Map<String, Value>) -> bool {
     let ty = m.get("type").and_then(Value::as_str).unwrap_or("");
     let bind_opt = m.get("options").and_then(Value::as_array).is_some_and(|o| {
         o.iter()

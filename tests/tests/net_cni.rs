@@ -1,10 +1,10 @@
 //! A container in a CNI network namespace, end to end: the test makes a
 //! network namespace and runs Debian's `bridge` + `host-local` CNI plugins
 //! on it, as containerd's CRI plugin does for a pod, then `ctr run
-//! --with-ns network:PATH` puts the container in it. (`ctr run --cni` runs
-//! CNI only after the task started, on `/proc/<task pid>/ns/net`: it needs
-//! a runtime whose task lives in a host namespace, so it is not the path
-//! pods take and not the one tested here.)
+//! --with-ns network:PATH` puts the container in it. `ctr run --cni` (CNI
+//! run by ctr between task create and start, on `/proc/<task pid>/ns/net`,
+//! the namespace burrow's shim made and a holder process lives in) is
+//! tested on its own, with runc as the control.
 //!
 //! Checked as a user would notice: the container has the CNI address on
 //! eth0 and the default route through the bridge; 100 MB go from the test
@@ -12,153 +12,33 @@
 //! (the test host downloads them from an HTTP server in the container on
 //! the CNI address), each arriving intact (SHA-256); after delete nothing
 //! of burrow is left in the namespace (no tap, no ingress qdisc, no
-//! nftables table). The same test runs under runc as the control. The
-//! egress policy (`io.burrow.egress`): the metadata address is refused in
-//! every mode, `deny` lets no new connection out while the container runs
-//! and serves, an allow-list lets out only what it lists, and root in the
-//! guest changing its addresses and routes opens nothing. Everything stays
+//! nftables table); the spec's /etc/resolv.conf, /etc/hosts and
+//! /etc/hostname bind mounts reach the container and its DNS lookups reach
+//! the resolver the test runs on the bridge. The same test runs under runc
+//! as the control. The egress policy (`io.burrow.egress`): the metadata
+//! address is refused in every mode, `deny` lets no new connection out
+//! while the container runs and serves, an allow-list (naming its server
+//! by a DNS name the shim resolves) lets out only what it lists, and root
+//! in the guest changing its addresses and routes opens nothing. A TCP
+//! connection from the test host into the container survives hibernate +
+//! wake and checkpoint + restore, and a SIGKILLed VMM leaves nothing in
+//! the namespace. Everything stays
 //! inside the test host: its own bridges and namespaces, and the
 //! "metadata" address 169.254.169.254 is an address of the test's bridge.
 
 #![allow(clippy::unwrap_used)]
 
 use std::io::Write;
-use std::process::{Command, Stdio};
+use std::net::Ipv4Addr;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use burrow_tests::cni::{sh, sh_ok, CniNetns, CtrCni, CTR_CNI_PORT};
 use burrow_tests::containerd::{Containerd, CLEAN, IMAGE, LONG, RUNTIME};
+use burrow_tests::dns::TinyDns;
 use burrow_tests::KillOnDrop;
 
-const CNI_BIN: &str = "/usr/lib/cni";
 const MB: usize = 100;
-
-fn sh(cmd: &str) -> (bool, String) {
-    let o = Command::new("sh").args(["-c", cmd]).output().unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    (o.status.success(), text)
-}
-
-fn sh_ok(cmd: &str) -> String {
-    let (ok, out) = sh(cmd);
-    assert!(ok, "{cmd}: {out}");
-    out
-}
-
-/// A network namespace with a CNI bridge network attached, as CRI makes
-/// one for a pod; removed (CNI DEL, namespace, bridge) when dropped.
-struct CniNetns {
-    name: String,
-    bridge: String,
-    conf: String,
-    ip: String,
-    gateway: String,
-}
-
-impl CniNetns {
-    fn add(name: &str, octet: u8) -> Self {
-        assert!(
-            std::path::Path::new(CNI_BIN).join("bridge").exists(),
-            "{CNI_BIN}/bridge is missing: apt-get install containernetworking-plugins (hack/packages)"
-        );
-        // The tc pieces burrow's shim uses; autoloading would do too, this
-        // says which ones when they are missing.
-        for m in ["sch_ingress", "cls_u32", "act_mirred"] {
-            let _ = sh(&format!("modprobe {m}"));
-        }
-        let bridge = format!("bcni{octet}");
-        let data = format!("/run/burrow-test-cni/{name}");
-        let conf = serde_json::json!({
-            "cniVersion": "1.0.0",
-            "name": format!("burrow-{name}"),
-            "type": "bridge",
-            "bridge": bridge,
-            "isGateway": true,
-            "ipMasq": false,
-            "ipam": {
-                "type": "host-local",
-                "subnet": format!("10.88.{octet}.0/24"),
-                "routes": [{"dst": "0.0.0.0/0"}],
-                "dataDir": data,
-            },
-        })
-        .to_string();
-        let _ = sh(&format!(
-            "ip netns del {name}; ip link del {bridge}; rm -rf {data}"
-        ));
-        sh_ok(&format!(
-            "ip netns add {name} && ip -n {name} link set lo up"
-        ));
-        let mut ns = Self {
-            name: name.into(),
-            bridge,
-            conf,
-            ip: String::new(),
-            gateway: String::new(),
-        };
-        let result: serde_json::Value = serde_json::from_str(&ns.cni("ADD")).unwrap();
-        let ip = &result["ips"][0];
-        ns.ip = ip["address"]
-            .as_str()
-            .unwrap()
-            .split('/')
-            .next()
-            .unwrap()
-            .to_string();
-        ns.gateway = ip["gateway"].as_str().unwrap().to_string();
-        // The stand-in cloud metadata service: the test host answers on it.
-        sh_ok(&format!("ip addr add 169.254.169.254/32 dev {}", ns.bridge));
-        ns
-    }
-
-    fn path(&self) -> String {
-        format!("/var/run/netns/{}", self.name)
-    }
-
-    /// Run the bridge plugin; its stdout (the CNI result).
-    fn cni(&self, command: &str) -> String {
-        let mut child = Command::new(format!("{CNI_BIN}/bridge"))
-            .env("CNI_COMMAND", command)
-            .env("CNI_CONTAINERID", &self.name)
-            .env("CNI_NETNS", self.path())
-            .env("CNI_IFNAME", "eth0")
-            .env("CNI_PATH", CNI_BIN)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(self.conf.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(
-            out.status.success(),
-            "CNI {command}: {stdout}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        stdout
-    }
-}
-
-impl Drop for CniNetns {
-    fn drop(&mut self) {
-        if std::path::Path::new(&self.path()).exists() {
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.cni("DEL")));
-        }
-        let _ = sh(&format!(
-            "ip netns del {}; ip link del {}",
-            self.name, self.bridge
-        ));
-    }
-}
 
 fn sha256(path: &std::path::Path) -> String {
     sh_ok(&format!("sha256sum {}", path.display()))
@@ -190,12 +70,42 @@ fn container_network(runtime: &str, name: &str, octet: u8) {
     std::fs::write(www.join("small"), "small\n").unwrap();
     let _server = serve(&www, 8081);
 
+    // The files CRI would bind-mount, and a resolver on the bridge.
+    let dns_at = format!("{}:53", ns.gateway).parse().unwrap();
+    let dns = TinyDns::start(dns_at, "web.burrow.test", Ipv4Addr::new(10, 1, 2, 3)).unwrap();
+    let etc = c.dir.join("etc");
+    std::fs::create_dir_all(&etc).unwrap();
+    let files = [
+        ("resolv.conf", format!("nameserver {}\n", ns.gateway)),
+        (
+            "hosts",
+            "127.0.0.1 localhost\n10.9.9.9 cni-host.test\n".into(),
+        ),
+        ("hostname", format!("{name}\n")),
+    ];
+    let mounts: Vec<String> = files
+        .iter()
+        .map(|(f, text)| {
+            std::fs::write(etc.join(f), text).unwrap();
+            format!(
+                "type=bind,src={},dst=/etc/{f},options=rbind:ro",
+                etc.join(f).display()
+            )
+        })
+        .collect();
+
     let with_ns = format!("network:{}", ns.path());
     let r = c.ctr(&[
         "run",
         "-d",
         "--runtime",
         runtime,
+        "--mount",
+        &mounts[0],
+        "--mount",
+        &mounts[1],
+        "--mount",
+        &mounts[2],
         "--with-ns",
         &with_ns,
         IMAGE,
@@ -222,6 +132,16 @@ fn container_network(runtime: &str, name: &str, octet: u8) {
     assert!(
         route.contains(&format!("default via {}", ns.gateway)),
         "{route}"
+    );
+    // The spec's /etc files, and DNS through the resolver they name.
+    for (f, text) in &files {
+        let got = c.exec_ok(&id, f, &["cat", &format!("/etc/{f}")]);
+        assert_eq!(&got, text, "{runtime}: /etc/{f}");
+    }
+    let looked_up = c.exec_ok(&id, "dns", &["nslookup", "web.burrow.test"]);
+    assert!(
+        looked_up.contains("10.1.2.3") && dns.answered() > 0,
+        "{runtime}: DNS from /etc/resolv.conf: {looked_up}"
     );
 
     // Into the container: it downloads the file from the test host.
@@ -358,6 +278,33 @@ fn run_in(c: &Containerd, ns: &CniNetns, id: &str, egress: &str) {
     c.wait_status(id, "RUNNING", LONG);
 }
 
+/// A line of the test host's /etc/hosts, removed when dropped.
+struct HostsLine(String);
+
+impl HostsLine {
+    fn add(line: &str) -> Self {
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open("/etc/hosts")
+            .unwrap();
+        writeln!(f, "{line}").unwrap();
+        Self(line.to_string())
+    }
+}
+
+impl Drop for HostsLine {
+    fn drop(&mut self) {
+        if let Ok(text) = std::fs::read_to_string("/etc/hosts") {
+            let kept: String = text
+                .lines()
+                .filter(|l| *l != self.0)
+                .map(|l| format!("{l}\n"))
+                .collect();
+            let _ = std::fs::write("/etc/hosts", kept);
+        }
+    }
+}
+
 #[test]
 fn egress_policy_holds_outside_the_guest() {
     let c = Containerd::nested("egress");
@@ -381,7 +328,10 @@ fn egress_policy_holds_outside_the_guest() {
     .1
     .contains("small"));
 
-    run_in(&c, &allow, "t-allow", &format!("{}:8081", allow.gateway));
+    // The allow-list names the server: the shim resolves it on the test
+    // host (its /etc/hosts here).
+    let _name = HostsLine::add(&format!("{} egress-allowed.burrow.test", allow.gateway));
+    run_in(&c, &allow, "t-allow", "egress-allowed.burrow.test:8081");
     assert!(
         fetch(
             &c,
@@ -471,23 +421,228 @@ fn runc_control_in_the_same_network() {
 }
 
 #[test]
-fn without_a_network_namespace_the_guest_has_loopback_only() {
+fn without_cni_the_guest_has_loopback_only() {
+    // `ctr run` asks for a new, unnamed namespace: the shim makes one, and
+    // with nothing added to it the guest's NIC stays down, unaddressed.
     let c = Containerd::nested("nonet");
     let r = c.ctr(&burrow_tests::containerd::run(
         &["--rm"],
         "t-nonet",
-        &["ip", "-o", "link"],
+        &["sh", "-c", "ip -o addr; echo routes:; ip route; ip -o link"],
     ));
     assert_eq!(r.code, Some(0), "{r:?}\n{}", c.diagnostics());
-    // lo (and the kernel's own tunnel stubs such as sit0), no Ethernet NIC.
+    let (addrs, routes) = r.stdout.split_once("routes:").unwrap();
+    let addrs: Vec<&str> = addrs.lines().filter(|l| l.contains("inet")).collect();
     assert!(
-        r.stdout.lines().any(|l| l.contains(": lo:")),
-        "{}",
+        !addrs.is_empty() && addrs.iter().all(|l| l.contains("scope host")),
+        "addresses on lo only: {}",
         r.stdout
     );
     assert!(
-        !r.stdout.contains("link/ether"),
-        "a NIC without a network namespace: {}",
+        !routes.lines().any(|l| l.contains(" dev ")),
+        "no routes: {}",
         r.stdout
     );
+    assert!(
+        !r.stdout
+            .lines()
+            .any(|l| l.contains("link/ether") && l.contains(",UP")),
+        "an Ethernet NIC is up without CNI: {}",
+        r.stdout
+    );
+}
+
+/// `ctr run --cni` under `runtime`: the container gets the address CNI
+/// gave the namespace of the task pid, serves the test host on it and
+/// reaches the test host; once the task is killed ctr's CNI DEL releases
+/// the address and nothing is left.
+fn ctr_run_cni(c: &Containerd, cni: &CtrCni, runtime: &str, id: &str, gateway: &str) {
+    let run = c.spawn_ctr(&[
+        "run",
+        "--rm",
+        "--cni",
+        "--runtime",
+        runtime,
+        IMAGE,
+        id,
+        "sh",
+        "-c",
+        "mkdir -p /www && echo small > /www/small && exec httpd -f -p 8080 -h /www",
+    ]);
+    c.wait_status(id, "RUNNING", LONG);
+    let leases = cni.leases();
+    assert_eq!(leases.len(), 1, "{runtime}: one address leased: {leases:?}");
+    let ip = &leases[0];
+
+    // The task pid names a host process in the namespace CNI filled.
+    let pid = c
+        .ctr(&["task", "ls"])
+        .stdout
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.first() == Some(&id)).then(|| f.get(1)?.parse::<i32>().ok())?
+        })
+        .expect("ctr task ls shows the task's pid");
+    let in_ns = sh_ok(&format!("nsenter -t {pid} -n ip -o -4 addr show dev eth0"));
+    assert!(
+        in_ns.contains(&format!("inet {ip}/24")),
+        "{runtime}: the task pid's namespace has the CNI address {ip}: {in_ns}"
+    );
+
+    // The container has it, and the route through the bridge.
+    let addr = c.exec_ok(
+        id,
+        "addr",
+        &["ip", "-o", "-4", "addr", "show", "dev", "eth0"],
+    );
+    assert!(
+        addr.contains(&format!("inet {ip}/24")),
+        "{runtime}: eth0 in the container has {ip}: {addr}"
+    );
+    let route = c.exec_ok(id, "route", &["ip", "route"]);
+    assert!(route.contains(&format!("default via {gateway}")), "{route}");
+    let ps = c.ctr(&["task", "ps", id]);
+    assert!(
+        ps.stdout.lines().skip(1).any(|l| l
+            .split_whitespace()
+            .next()
+            .is_some_and(|p| p.parse::<u32>().is_ok())),
+        "{runtime}: ctr task ps lists the container's processes: {ps:?}"
+    );
+    // The test host reaches its server; it reaches the test host's.
+    let got = sh_ok(&format!("wget -q -T 60 -O - http://{ip}:8080/small"));
+    assert_eq!(got.trim(), "small", "{runtime}: into the container");
+    assert!(
+        fetch(
+            c,
+            id,
+            "out",
+            &format!("http://{gateway}:{CTR_CNI_PORT}/small"),
+            "60"
+        ),
+        "{runtime}: out of the container"
+    );
+
+    assert_eq!(c.ctr(&["task", "kill", "-s", "KILL", id]).code, Some(0));
+    let (out, killed) = burrow_tests::containerd::wait_output(run, LONG);
+    assert!(!killed, "{runtime}: ctr run did not end after the kill");
+    eprintln!("ctr run --cni {runtime}: {out:?}");
+    assert_eq!(
+        cni.leases(),
+        Vec::<String>::new(),
+        "{runtime}: CNI DEL released the address"
+    );
+    let veths = sh_ok(&format!("ip -o link show master {}", cni.bridge));
+    assert!(
+        veths.trim().is_empty(),
+        "{runtime}: a veth is left: {veths}"
+    );
+    if runtime == RUNTIME {
+        assert!(
+            !burrow_tests::containerd::process_running(pid),
+            "the namespace holder {pid} outlived the task"
+        );
+        c.assert_clean(CLEAN);
+    }
+}
+
+#[test]
+fn ctr_run_cni_configures_the_namespace_of_the_task_pid() {
+    let c = Containerd::nested("ctrcni");
+    let cni = CtrCni::install(65);
+    let gateway = "10.88.65.1";
+    let www = c.dir.join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    std::fs::write(www.join("small"), "small\n").unwrap();
+    let _server = serve(&www, CTR_CNI_PORT);
+    ctr_run_cni(&c, &cni, "io.containerd.runc.v2", "t-cni-runc", gateway);
+    ctr_run_cni(&c, &cni, RUNTIME, "t-cni", gateway);
+}
+
+/// One line through the echo server at `s`: what comes back.
+fn echo(s: &mut std::net::TcpStream, line: &str) -> String {
+    use std::io::BufRead;
+    s.write_all(format!("{line}\n").as_bytes()).unwrap();
+    let mut r = std::io::BufReader::new(s.try_clone().unwrap());
+    let mut got = String::new();
+    let _ = r.read_line(&mut got);
+    got.trim_end().to_string()
+}
+
+#[test]
+fn a_tcp_connection_from_the_test_host_survives_hibernation_checkpoint_and_restore() {
+    let c = Containerd::nested("nettcp");
+    let ns = CniNetns::add("burrow-nettcp", 66);
+    let id = "t-tcp";
+    let with_ns = format!("network:{}", ns.path());
+    let echo_server = ["sh", "-c", "exec nc -l -p 9000 -e cat"];
+    let mut args = vec![
+        "run",
+        "-d",
+        "--runtime",
+        RUNTIME,
+        "--with-ns",
+        &with_ns,
+        IMAGE,
+        id,
+    ];
+    args.extend(echo_server);
+    let r = c.ctr(&args);
+    assert_eq!(r.code, Some(0), "{r:?}\n{}", c.diagnostics());
+    c.wait_status(id, "RUNNING", LONG);
+
+    // The test host connects once; every step below reuses the connection.
+    let addr: std::net::SocketAddr = format!("{}:9000", ns.ip).parse().unwrap();
+    let t = Instant::now();
+    let mut conn = loop {
+        match std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(10)) {
+            Ok(s) => break s,
+            Err(e) => {
+                assert!(t.elapsed() < LONG, "connecting to {addr}: {e}");
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
+    };
+    conn.set_read_timeout(Some(Duration::from_secs(300)))
+        .unwrap();
+    assert_eq!(echo(&mut conn, "one"), "one");
+
+    // Hibernate: the VMM goes; the next call wakes it.
+    let state_dir = c.burrow_state().display().to_string();
+    let h = c.burrow(&["sandbox", "hibernate", "--state-dir", &state_dir, id]);
+    assert_eq!(h.code, Some(0), "hibernate: {h:?}\n{}", c.diagnostics());
+    c.exec_ok(id, "wake", &["true"]);
+    assert_eq!(echo(&mut conn, "two"), "two", "after hibernate and wake");
+
+    // Checkpoint, then the VMM is SIGKILLed (no FIN or RST leaves the
+    // guest); after delete nothing is left in the namespace.
+    let cp = c.ctr(&["containers", "checkpoint", "--task", "--rw", id, "tcp-cp"]);
+    assert_eq!(cp.code, Some(0), "checkpoint: {cp:?}\n{}", c.diagnostics());
+    let vmm = c.vmm_pid(id);
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    assert_eq!(unsafe { libc::kill(vmm, libc::SIGKILL) }, 0);
+    c.wait_status(id, "STOPPED", LONG);
+    assert_eq!(c.ctr(&["task", "delete", id]).code, Some(0));
+    assert_eq!(c.ctr(&["containers", "delete", id]).code, Some(0));
+    c.assert_clean(CLEAN);
+    assert_namespace_clean(&ns);
+
+    // Restored into the same namespace: the same connection carries on.
+    let r = c.ctr(&["containers", "restore", "--live", "t-tcp2", "tcp-cp"]);
+    assert_eq!(r.code, Some(0), "restore: {r:?}\n{}", c.diagnostics());
+    c.wait_status("t-tcp2", "RUNNING", LONG);
+    assert_eq!(
+        echo(&mut conn, "three"),
+        "three",
+        "after checkpoint and restore"
+    );
+
+    drop(conn);
+    c.ctr(&["task", "kill", "-s", "KILL", "t-tcp2"]);
+    c.wait_status("t-tcp2", "STOPPED", LONG);
+    assert_eq!(c.ctr(&["task", "delete", "t-tcp2"]).code, Some(0));
+    assert_eq!(c.ctr(&["containers", "delete", "t-tcp2"]).code, Some(0));
+    c.assert_clean(CLEAN);
+    assert_namespace_clean(&ns);
 }

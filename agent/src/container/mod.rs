@@ -13,6 +13,7 @@
 //! already isolating VM is a short list of system calls (see `spawn`).
 
 pub mod cgroup;
+mod hostfiles;
 mod mounts;
 mod plan;
 mod podns;

@@ -363,7 +363,8 @@ fn mount_container_inner(
     defaults.append(&mut mounts);
     let mounts = defaults;
     for m in &mounts {
-        do_mount(target, m)?;
+        let carried = super::hostfiles::resolve(bundle, spec, m)?;
+        do_mount(target, carried.as_ref().unwrap_or(m))?;
     }
     populate_dev(target)?;
     if let Some(linux) = spec.linux() {

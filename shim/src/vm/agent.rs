@@ -242,6 +242,26 @@ impl Agent {
             .map(drop)
     }
 
+    /// Configure the NIC that booted with MAC `nic` from `net` (it takes
+    /// `net`'s MAC too).
+    pub async fn configure_network(
+        &self,
+        nic: [u8; 6],
+        net: &burrow_protocol::net::GuestNet,
+    ) -> Result<()> {
+        let req = pb::ConfigureNetworkRequest {
+            nic_mac: nic.to_vec(),
+            config: net.to_string(),
+            ..Default::default()
+        };
+        self.call(
+            "ConfigureNetwork",
+            self.client.configure_network(Self::ctx(), &req),
+        )
+        .await
+        .map(drop)
+    }
+
     /// Give the guest fresh entropy (after a restore, every restored copy
     /// would otherwise continue from the same RNG state).
     pub async fn add_entropy(&self) -> Result<()> {

@@ -16,8 +16,12 @@
 //! - `deny`: no new connection leaves: TCP SYNs, UDP and ICMP echo
 //!   requests are dropped; replies to connections made to the container
 //!   still go out;
-//! - an allow-list, `CIDR[:PORT],...` (IPv6 as `[CIDR]:PORT`): new TCP/UDP
-//!   connections and pings only to those, as `deny` otherwise.
+//! - an allow-list, `CIDR[:PORT],...` (IPv6 as `[CIDR]:PORT`) where a
+//!   DNS name may stand for a CIDR (`pypi.org:443`): new TCP/UDP
+//!   connections and pings only to those, as `deny` otherwise. Names are
+//!   resolved on the host when the sandbox's NIC is set up and again every
+//!   [`super::egress_dns::REFRESH`] ([`super::egress_dns`]); a name that
+//!   resolves to nothing allows nothing.
 //!
 //! The chain is stateless (a `netdev` hook has no conntrack): it stops new
 //! connections, not a root guest that hand-crafts non-SYN TCP segments.
@@ -25,6 +29,7 @@
 
 use std::fmt::Write as _;
 use std::io::Write as _;
+use std::net::IpAddr;
 use std::process::{Command, Stdio};
 use std::str::FromStr;
 
@@ -39,11 +44,55 @@ pub const TABLE: &str = "burrow_egress";
 /// Most allow-list entries.
 pub const MAX_ALLOW: usize = 64;
 
-/// One allow-list entry: a destination network, optionally one port.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Where an allow-list entry lets connections go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Dest {
+    Net(Cidr),
+    /// A DNS name, resolved on the host.
+    Name(String),
+}
+
+impl std::fmt::Display for Dest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Net(c) => write!(f, "{c}"),
+            Self::Name(n) => f.write_str(n),
+        }
+    }
+}
+
+/// One allow-list entry: a destination, optionally one port.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Allow {
-    pub net: Cidr,
+    pub dest: Dest,
     pub port: Option<u16>,
+}
+
+/// What each name of an allow-list resolved to (sorted, so that two
+/// resolutions compare equal when the addresses are the same).
+pub type Resolved = std::collections::BTreeMap<String, std::collections::BTreeSet<IpAddr>>;
+
+/// Longest DNS name accepted.
+const MAX_NAME: usize = 253;
+
+/// A DNS host name: two or more dot-separated labels of letters, digits
+/// and hyphens (not at a label's ends), at least one letter somewhere (so
+/// that neither a mistyped mode nor a mistyped address is taken for a
+/// name).
+fn dns_name(s: &str) -> Option<String> {
+    let s = s.strip_suffix('.').unwrap_or(s);
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    (s.len() <= MAX_NAME
+        && s.contains('.')
+        && s.split('.').all(label_ok)
+        && s.bytes().any(|b| b.is_ascii_alphabetic()))
+    .then(|| s.to_ascii_lowercase())
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -58,12 +107,15 @@ fn bad(msg: String) -> SandboxError {
     SandboxError::InvalidArgument(format!("{ANNOTATION}: {msg}"))
 }
 
-fn cidr(s: &str) -> std::result::Result<Cidr, String> {
+fn dest(s: &str) -> std::result::Result<Dest, String> {
     if s.contains('/') {
-        s.parse()
+        s.parse().map(Dest::Net)
+    } else if let Ok(ip) = s.parse::<IpAddr>() {
+        Cidr::new(ip, if ip.is_ipv4() { 32 } else { 128 }).map(Dest::Net)
     } else {
-        let ip: std::net::IpAddr = s.parse().map_err(|_| format!("{s:?} is not an address"))?;
-        Cidr::new(ip, if ip.is_ipv4() { 32 } else { 128 })
+        dns_name(s)
+            .map(Dest::Name)
+            .ok_or_else(|| format!("{s:?} is neither an address nor a DNS name"))
     }
 }
 
@@ -95,7 +147,7 @@ impl FromStr for Allow {
             })
             .transpose()?;
         Ok(Self {
-            net: cidr(net)?,
+            dest: dest(net)?,
             port,
         })
     }
@@ -110,8 +162,23 @@ impl Egress {
         }
     }
 
-    /// The nftables script for tap `tap` forwarding to `out`.
-    pub fn ruleset(&self, tap: &str, out: &str) -> String {
+    /// The DNS names of the allow-list.
+    pub fn names(&self) -> Vec<String> {
+        match self {
+            Self::Allow(list) => list
+                .iter()
+                .filter_map(|a| match &a.dest {
+                    Dest::Name(n) => Some(n.clone()),
+                    Dest::Net(_) => None,
+                })
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// The nftables script for tap `tap` forwarding to `out`, with the
+    /// allow-list's names standing for the addresses in `resolved`.
+    pub fn ruleset(&self, tap: &str, out: &str, resolved: &Resolved) -> String {
         let mut s = String::new();
         let _ = writeln!(s, "table netdev {TABLE} {{");
         let _ = writeln!(s, "  chain from_guest {{");
@@ -124,16 +191,27 @@ impl Egress {
         let fwd = format!("fwd to \"{out}\"");
         if let Self::Allow(list) = self {
             for a in list {
-                let fam = if a.net.ip.is_ipv4() { "ip" } else { "ip6" };
-                match a.port {
-                    Some(p) => {
-                        for proto in ["tcp", "udp"] {
-                            let _ =
-                                writeln!(s, "    {fam} daddr {} {proto} dport {p} {fwd}", a.net);
+                let nets: Vec<Cidr> = match &a.dest {
+                    Dest::Net(c) => vec![*c],
+                    Dest::Name(n) => resolved
+                        .get(n)
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|ip| Cidr::new(*ip, if ip.is_ipv4() { 32 } else { 128 }).ok())
+                        .collect(),
+                };
+                for net in nets {
+                    let fam = if net.ip.is_ipv4() { "ip" } else { "ip6" };
+                    match a.port {
+                        Some(p) => {
+                            for proto in ["tcp", "udp"] {
+                                let _ =
+                                    writeln!(s, "    {fam} daddr {net} {proto} dport {p} {fwd}");
+                            }
                         }
-                    }
-                    None => {
-                        let _ = writeln!(s, "    {fam} daddr {} {fwd}", a.net);
+                        None => {
+                            let _ = writeln!(s, "    {fam} daddr {net} {fwd}");
+                        }
                     }
                 }
             }
@@ -224,19 +302,19 @@ mod tests {
         };
         assert_eq!(l.len(), 4);
         assert_eq!(
-            (l[0].net.to_string(), l[0].port),
+            (l[0].dest.to_string(), l[0].port),
             ("10.0.0.0/8".into(), Some(443))
         );
         assert_eq!(
-            (l[1].net.to_string(), l[1].port),
+            (l[1].dest.to_string(), l[1].port),
             ("192.168.1.5/32".into(), None)
         );
         assert_eq!(
-            (l[2].net.to_string(), l[2].port),
+            (l[2].dest.to_string(), l[2].port),
             ("fd00::/64".into(), Some(53))
         );
         assert_eq!(
-            (l[3].net.to_string(), l[3].port),
+            (l[3].dest.to_string(), l[3].port),
             ("fd00::1/128".into(), None)
         );
         for bad in [
@@ -245,10 +323,35 @@ mod tests {
             "10.0.0.1:0",
             "10.0.0.1:99999",
             "[fd00::1",
-            "example.com:443",
+            "exa_mple.com:443",
+            "-example.com",
+            "10.0.0.256",
+            "example..com",
         ] {
             assert!(bad.parse::<Egress>().is_err(), "{bad}");
         }
+        let Egress::Allow(named) = "PyPI.org:443, files.pythonhosted.org."
+            .parse::<Egress>()
+            .unwrap()
+        else {
+            panic!("an allow-list");
+        };
+        assert_eq!(
+            named,
+            [
+                Allow {
+                    dest: Dest::Name("pypi.org".into()),
+                    port: Some(443)
+                },
+                Allow {
+                    dest: Dest::Name("files.pythonhosted.org".into()),
+                    port: None
+                },
+            ]
+        );
+        assert!(format!("{}.com", "a".repeat(MAX_NAME))
+            .parse::<Egress>()
+            .is_err());
         let many = vec!["10.0.0.1"; MAX_ALLOW + 1].join(",");
         assert!(many.parse::<Egress>().is_err());
     }
@@ -260,7 +363,7 @@ mod tests {
             Egress::Deny,
             "10.1.0.0/16:80".parse().unwrap(),
         ] {
-            let r = mode.ruleset("burrow0", "eth0");
+            let r = mode.ruleset("burrow0", "eth0", &Resolved::new());
             assert!(r.contains("hook ingress device \"burrow0\""), "{r}");
             assert!(r.contains("ip daddr 169.254.0.0/16 counter drop"), "{r}");
             assert!(r.contains("ip6 daddr fd00:ec2::254 counter drop"), "{r}");
@@ -270,12 +373,38 @@ mod tests {
         let r = "10.1.0.0/16:80"
             .parse::<Egress>()
             .unwrap()
-            .ruleset("t", "e");
+            .ruleset("t", "e", &Resolved::new());
         let allow = r.find("ip daddr 10.1.0.0/16 tcp dport 80 fwd").unwrap();
         let deny = r.find("syn | ack").unwrap();
         assert!(
             allow < deny,
             "allowed destinations come before the drops: {r}"
         );
+    }
+
+    #[test]
+    fn a_name_stands_for_what_it_resolved_to_and_nothing_else() {
+        let mode: Egress = "api.example.com:443, 10.9.0.0/16".parse().unwrap();
+        assert_eq!(mode.names(), ["api.example.com"]);
+        let none = mode.ruleset("t", "e", &Resolved::new());
+        assert!(
+            !none.contains("dport 443"),
+            "unresolved: allows nothing: {none}"
+        );
+        assert!(none.contains("ip daddr 10.9.0.0/16 fwd"), "{none}");
+        let mut resolved = Resolved::new();
+        resolved.insert(
+            "api.example.com".into(),
+            ["10.1.2.3".parse().unwrap(), "fd00::7".parse().unwrap()].into(),
+        );
+        let r = mode.ruleset("t", "e", &resolved);
+        for rule in [
+            "ip daddr 10.1.2.3/32 tcp dport 443 fwd",
+            "ip daddr 10.1.2.3/32 udp dport 443 fwd",
+            "ip6 daddr fd00::7/128 tcp dport 443 fwd",
+        ] {
+            assert!(r.contains(rule), "{rule}: {r}");
+        }
+        assert!(Egress::Deny.names().is_empty());
     }
 }

@@ -20,13 +20,17 @@ pub mod agent;
 mod browse;
 pub mod checkpoint;
 pub mod egress;
+pub mod egress_dns;
 pub mod hibernate;
+pub mod hostfiles;
 pub mod intake;
 pub mod jail;
 pub mod launch;
 pub mod lifecycle;
 pub mod named;
 pub mod net;
+pub mod netcheck;
+pub mod netns;
 pub mod pod;
 pub mod rootfs;
 pub mod snapshot;
@@ -300,7 +304,11 @@ impl VmSandbox {
 
     /// The spec the guest gets for container `c`, and its JSON (bounded).
     fn guest_spec(&self, c: &ContainerConfig) -> Result<(serde_json::Value, Vec<u8>)> {
-        let (guest_spec, stripped) = spec::for_guest(&c.spec);
+        let (mut guest_spec, stripped) = spec::for_guest(&c.spec);
+        let carried = hostfiles::carry(&c.spec, &mut guest_spec);
+        if !carried.is_empty() {
+            tracing::info!("{}: carried into the guest: {}", c.id, carried.join(", "));
+        }
         if !stripped.items.is_empty() {
             tracing::info!(
                 "{}: not forwarded to the guest: {}",
@@ -393,7 +401,7 @@ impl VmSandbox {
             booting.elapsed().as_millis().saturating_sub(guest_ms),
             guest_ms
         );
-        Ok(pid)
+        Ok(self.task_pid(pid).await)
     }
 
     async fn restore_inner(&self, cfg: &Config, c: &ContainerConfig, dir: &Path) -> Result<u32> {
@@ -458,7 +466,7 @@ impl VmSandbox {
         if manifest.packed {
             let _ = std::fs::remove_dir_all(&unpacked);
         }
-        r
+        Ok(self.task_pid(r?).await)
     }
 
     /// Write a checkpoint into `dir` (packed for containerd, or plain), then
@@ -521,10 +529,9 @@ impl Sandbox for VmSandbox {
     }
 
     async fn start_container(&self, id: &str) -> Result<()> {
-        self.awake_agent()
-            .await?
-            .start_container(&self.gid(id))
-            .await
+        let agent = self.awake_agent().await?;
+        self.wire_network(&agent).await?;
+        agent.start_container(&self.gid(id)).await
     }
 
     async fn delete_container(&self, id: &str) -> Result<()> {

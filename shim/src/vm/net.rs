@@ -42,7 +42,9 @@ use rtnetlink::packet_route::tc::TcHandle;
 use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
 use serde_json::Value;
 
-use super::egress::{self, Egress};
+use super::egress::{self, Egress, Resolved};
+use super::egress_dns::{self, Refresher};
+use super::netns::{self, Holder};
 use crate::sandbox::{Result, SandboxError};
 
 /// The tap's name inside the sandbox's namespace.
@@ -73,6 +75,20 @@ pub struct SandboxNet {
     cni_if: String,
     egress: Egress,
     pub guest: GuestNet,
+    /// Set when the shim made the namespace ([`netns`]).
+    fresh: Option<Fresh>,
+    /// Keeps the allow-list's DNS names current, when it has any.
+    refresh: Option<Refresher>,
+}
+
+/// A namespace the shim made: CNI may fill it between create and start.
+struct Fresh {
+    holder: Holder,
+    /// The MAC the VM's NIC booted with (the guest takes the CNI
+    /// interface's when it is wired).
+    boot_mac: [u8; 6],
+    /// Whether start looked for a CNI interface already.
+    looked: bool,
 }
 
 impl std::fmt::Debug for SandboxNet {
@@ -98,50 +114,131 @@ impl SandboxNet {
     pub async fn setup(netns: &Path, egress: Egress) -> Result<Self> {
         let path = netns.to_path_buf();
         let rules = egress.clone();
+        let resolved = egress_dns::resolve(&egress, &Resolved::new()).await;
+        let names = resolved.clone();
         let (tap, cni_if, guest) = in_netns(netns, move |h| {
             Box::pin(async move {
-                let cni = cni_interface(&h).await?;
+                let cni = cni_interface(&h)
+                    .await?
+                    .ok_or_else(|| net_err("the namespace", "has no interface but lo"))?;
                 let guest = read_config(&h, &cni).await?;
                 let tap = open_tap(TAP_NAME)?;
-                let joined = async {
-                    join(&h, &cni, guest.mtu).await?;
-                    egress::nft(&rules.ruleset(TAP_NAME, &name_of(&cni)))
-                };
-                if let Err(e) = joined.await {
-                    let _ = unjoin(&h, cni.header.index).await;
-                    return Err(e);
-                }
+                wire(&h, &cni, &guest, &rules, &names).await?;
                 Ok((tap, name_of(&cni), guest))
             })
         })
         .await?;
+        let refresh = egress_dns::refresher(path.clone(), egress.clone(), cni_if.clone(), resolved);
         let net = Self {
             netns: path,
             tap,
             cni_if,
             egress,
             guest,
+            fresh: None,
+            refresh,
         };
         tracing::info!("sandbox network: {net:?}");
         Ok(net)
+    }
+
+    /// Make a namespace for the sandbox ([`netns`]) with the tap in it,
+    /// down and joined to nothing until [`Self::wire_fresh`] finds what CNI
+    /// added.
+    pub async fn setup_fresh(egress: Egress) -> Result<Self> {
+        let holder = Holder::spawn()?;
+        let path = holder.path();
+        // Down until wired: a tap that is up sends the guest its own IPv6
+        // chatter, waking the VMM of an idle sandbox. The guest's frames
+        // to a down tap are dropped (and the guest's NIC is down too).
+        let tap = in_netns(&path, |_| Box::pin(async { open_tap(TAP_NAME) })).await?;
+        let boot_mac = netns::random_mac();
+        let net = Self {
+            netns: path,
+            tap,
+            cni_if: String::new(),
+            egress,
+            guest: GuestNet {
+                mac: boot_mac,
+                mtu: 1500,
+                ..Default::default()
+            },
+            fresh: Some(Fresh {
+                holder,
+                boot_mac,
+                looked: false,
+            }),
+            refresh: None,
+        };
+        tracing::info!("sandbox network: {net:?}");
+        Ok(net)
+    }
+
+    /// The task pid to report: the holder's, when the shim made the
+    /// namespace.
+    pub fn holder_pid(&self) -> Option<u32> {
+        self.fresh.as_ref().map(|f| f.holder.pid())
+    }
+
+    /// Once, at the first start of a sandbox whose namespace the shim made:
+    /// if CNI added an interface since create, join the tap to it and
+    /// return the guest NIC's boot MAC and the configuration it now needs.
+    pub async fn wire_fresh(&mut self) -> Result<Option<([u8; 6], GuestNet)>> {
+        let Some(fresh) = self.fresh.as_mut().filter(|f| !f.looked) else {
+            return Ok(None);
+        };
+        fresh.looked = true;
+        let boot_mac = fresh.boot_mac;
+        let rules = self.egress.clone();
+        let resolved = egress_dns::resolve(&self.egress, &Resolved::new()).await;
+        let names = resolved.clone();
+        let found = in_netns(&self.netns, move |h| {
+            Box::pin(async move {
+                let Some(cni) = cni_interface(&h).await? else {
+                    return Ok(None);
+                };
+                let guest = read_config(&h, &cni).await?;
+                wire(&h, &cni, &guest, &rules, &names).await?;
+                Ok(Some((name_of(&cni), guest)))
+            })
+        })
+        .await?;
+        let Some((cni_if, guest)) = found else {
+            tracing::info!("sandbox network: nothing added to the namespace; loopback only");
+            return Ok(None);
+        };
+        self.refresh = egress_dns::refresher(
+            self.netns.clone(),
+            self.egress.clone(),
+            cni_if.clone(),
+            resolved,
+        );
+        self.cni_if = cni_if;
+        self.guest = guest.clone();
+        tracing::info!("sandbox network, wired at start: {self:?}");
+        Ok(Some((boot_mac, guest)))
     }
 
     /// The VMM's `--net`: the tap's descriptor (inherited) and the MAC.
     pub fn net_arg(&self) -> NetArg {
         NetArg {
             tap: TapSource::Fd(self.tap.as_raw_fd()),
-            mac: Mac(self.guest.mac),
+            mac: Mac(self.fresh.as_ref().map_or(self.guest.mac, |f| f.boot_mac)),
         }
     }
 
-    /// The guest kernel command-line word the agent configures the NIC from.
-    pub fn cmdline(&self) -> String {
-        format!("{}={}", burrow_protocol::net::CMDLINE_KEY, self.guest)
+    /// The guest kernel command-line word the agent configures the NIC
+    /// from; none for a namespace the shim made (configured at start).
+    pub fn cmdline(&self) -> Option<String> {
+        self.fresh
+            .is_none()
+            .then(|| format!("{}={}", burrow_protocol::net::CMDLINE_KEY, self.guest))
     }
 
     /// Remove the filter on the CNI interface and close the tap (which
     /// takes its own qdisc with it). The namespace may already be gone.
-    pub async fn teardown(self) {
+    pub async fn teardown(mut self) {
+        drop(self.refresh.take());
         let cni_if = self.cni_if.clone();
         let r = in_netns(&self.netns, move |h| {
             Box::pin(async move {
@@ -157,6 +254,8 @@ impl SandboxNet {
             tracing::debug!("sandbox network teardown: {e}");
         }
         drop(self.tap);
+        // Ends the holder; the namespace goes with its last descriptor.
+        drop(self.fresh);
     }
 }
 
@@ -165,7 +264,7 @@ type NsFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<T>>
 /// Run `f` with an rtnetlink handle inside network namespace `netns`, on
 /// a thread of its own that ends afterwards (a thread that has `setns`ed
 /// must not go back to a pool).
-async fn in_netns<T, F>(netns: &Path, f: F) -> Result<T>
+pub(super) async fn in_netns<T, F>(netns: &Path, f: F) -> Result<T>
 where
     T: Send + 'static,
     F: FnOnce(Handle) -> NsFuture<T> + Send + 'static,
@@ -221,27 +320,49 @@ async fn links(h: &Handle) -> Result<Vec<LinkMessage>> {
         .map_err(|e| net_err("listing links", e))
 }
 
-async fn link_by_name(h: &Handle, name: &str) -> Result<Option<LinkMessage>> {
+pub(super) async fn link_by_name(h: &Handle, name: &str) -> Result<Option<LinkMessage>> {
     Ok(links(h).await?.into_iter().find(|l| name_of(l) == name))
 }
 
-/// `eth0`, or else the one interface that is neither loopback nor ours.
-async fn cni_interface(h: &Handle) -> Result<LinkMessage> {
+/// `eth0`, or else the one interface that is neither loopback nor ours;
+/// none when there is no other.
+async fn cni_interface(h: &Handle) -> Result<Option<LinkMessage>> {
     let all = links(h).await?;
     let candidates: Vec<LinkMessage> = all
         .into_iter()
         .filter(|l| !matches!(name_of(l).as_str(), "lo" | TAP_NAME))
         .collect();
     if let Some(eth0) = candidates.iter().find(|l| name_of(l) == "eth0") {
-        return Ok(eth0.clone());
+        return Ok(Some(eth0.clone()));
     }
     match <[LinkMessage; 1]>::try_from(candidates) {
-        Ok([one]) => Ok(one),
+        Ok([one]) => Ok(Some(one)),
+        Err(v) if v.is_empty() => Ok(None),
         Err(v) => Err(net_err(
             "the namespace has no eth0",
             format!("{} other interfaces to choose from", v.len()),
         )),
     }
+}
+
+/// Join the tap to `cni` (redirect in, egress policy out); undone if a
+/// step fails.
+async fn wire(
+    h: &Handle,
+    cni: &LinkMessage,
+    guest: &GuestNet,
+    rules: &Egress,
+    names: &Resolved,
+) -> Result<()> {
+    let joined = async {
+        join(h, cni, guest.mtu).await?;
+        egress::nft(&rules.ruleset(TAP_NAME, &name_of(cni), names))
+    };
+    if let Err(e) = joined.await {
+        let _ = unjoin(h, cni.header.index).await;
+        return Err(e);
+    }
+    Ok(())
 }
 
 /// MAC, MTU, global addresses and main-table routes of `link`.
@@ -361,7 +482,7 @@ fn guest_route(r: &RouteMessage, index: u32) -> Option<Route> {
 
 /// Open (create) tap `name` with virtio-net headers in this thread's
 /// namespace. It lives as long as a descriptor of it is open.
-fn open_tap(name: &str) -> Result<OwnedFd> {
+pub(super) fn open_tap(name: &str) -> Result<OwnedFd> {
     #[repr(C)]
     struct IfReq {
         name: [u8; libc::IFNAMSIZ],
@@ -401,7 +522,7 @@ fn open_tap(name: &str) -> Result<OwnedFd> {
 
 /// Bring the tap up with the CNI interface's MTU and redirect what
 /// arrives on the CNI interface to the tap (the other way is nftables').
-async fn join(h: &Handle, cni: &LinkMessage, mtu: u32) -> Result<()> {
+pub(super) async fn join(h: &Handle, cni: &LinkMessage, mtu: u32) -> Result<()> {
     let tap = link_by_name(h, TAP_NAME)
         .await?
         .ok_or_else(|| net_err("the tap", "vanished"))?;
@@ -454,20 +575,46 @@ impl super::VmSandbox {
         spec: &Value,
         mut args: super::vmm::VmmLaunch,
     ) -> Result<super::vmm::VmmLaunch> {
-        let Some(netns) = netns_path(spec) else {
+        let named = netns_path(spec);
+        if named.is_none() && !netns::wants_fresh(spec) {
             return Ok(args);
-        };
+        }
         let mut slot = self.net.lock().await;
-        let net = match slot.take() {
-            Some(n) => n,
-            None => SandboxNet::setup(&netns, Egress::from_spec(spec)?).await?,
+        let net = match (slot.take(), named) {
+            (Some(n), _) => n,
+            (None, Some(netns)) => SandboxNet::setup(&netns, Egress::from_spec(spec)?).await?,
+            (None, None) => SandboxNet::setup_fresh(Egress::from_spec(spec)?).await?,
         };
         args.args.net = Some(net.net_arg());
         if args.args.restore.is_none() {
-            args.args.append.push(net.cmdline());
+            args.args.append.extend(net.cmdline());
         }
         *slot = Some(net);
         Ok(args)
+    }
+
+    /// At the first start: configure the guest's NIC if CNI filled the
+    /// namespace the shim made after create (`ctr run --cni`).
+    pub(super) async fn wire_network(&self, agent: &super::agent::Agent) -> Result<()> {
+        let mut slot = self.net.lock().await;
+        let Some(net) = slot.as_mut() else {
+            return Ok(());
+        };
+        if let Some((boot_mac, guest)) = net.wire_fresh().await? {
+            agent.configure_network(boot_mac, &guest).await?;
+        }
+        Ok(())
+    }
+
+    /// The task pid for a container whose init has guest pid `guest`: a
+    /// holder's in the namespace the shim made, else `guest`.
+    pub(super) async fn task_pid(&self, guest: u32) -> u32 {
+        self.net
+            .lock()
+            .await
+            .as_ref()
+            .and_then(SandboxNet::holder_pid)
+            .unwrap_or(guest)
     }
 
     /// Undo [`Self::with_network`] (the sandbox is going away).

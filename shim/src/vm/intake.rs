@@ -44,6 +44,10 @@ impl Member {
     pub fn size(&self) -> u64 {
         self.len
     }
+
+    pub fn into_file(self) -> File {
+        self.file
+    }
 }
 
 /// The checked files of a checkpoint: the VMM state, the memory and the
@@ -70,7 +74,7 @@ fn bad(dir: &Path, why: String) -> SandboxError {
 
 /// Open `rel` beneath the directory `base` without following any symlink,
 /// as a regular file of at most `max` bytes.
-fn open_beneath(base: &File, dir: &Path, rel: &str, max: u64) -> Result<Member> {
+pub(super) fn open_beneath(base: &File, dir: &Path, rel: &str, max: u64) -> Result<Member> {
     let c = std::ffi::CString::new(Path::new(rel).as_os_str().as_bytes())
         .map_err(|_| bad(dir, format!("{rel}: bad name")))?;
     // SAFETY: open_how is plain data; zeroed is its documented default.

@@ -431,7 +431,13 @@ impl VmSandbox {
             Some(vm_dir),
             &c.spec,
         )?;
-        let args = self.with_network(&c.spec, args).await?;
+        let mut args = self.with_network(&c.spec, args).await?;
+        // The VMM checks the state file itself before it opens anything the
+        // state names: no base snapshot, slot file or tap by name, and the
+        // size the manifest says (checked against the config above).
+        args.args.self_contained = true;
+        args.args.expect_vcpus = u8::try_from(manifest.vcpus).ok();
+        args.args.expect_mem_mib = Some(manifest.memory_mib);
         tracing::info!(
             "{}: restoring container {} from {}: {}",
             c.id,

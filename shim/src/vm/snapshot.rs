@@ -107,8 +107,10 @@ pub fn read_manifest_with(dir: &Path, with_rootfs: bool) -> Result<Manifest> {
             dir.display()
         ))
     };
-    let path = dir.join(MANIFEST);
-    let f = std::fs::File::open(&path).map_err(|e| bad(format!("{MANIFEST}: {e}")))?;
+    // Beneath the directory, no symlink, a regular file (a FIFO must not
+    // block, /dev/zero must not be read), like every other member.
+    let base = std::fs::File::open(dir).map_err(|e| bad(e.to_string()))?;
+    let f = super::intake::open_beneath(&base, dir, MANIFEST, MAX_MANIFEST)?.into_file();
     let mut data = Vec::new();
     f.take(MAX_MANIFEST + 1)
         .read_to_end(&mut data)
@@ -274,6 +276,25 @@ mod tests {
         let f = std::fs::File::create(d.path().join(MANIFEST)).unwrap();
         f.set_len(MAX_MANIFEST + 10).unwrap();
         let e = read_manifest(d.path()).unwrap_err();
-        assert!(e.to_string().contains("larger than"), "{e}");
+        assert!(e.to_string().contains("more than the"), "{e}");
+    }
+
+    #[test]
+    fn a_manifest_that_is_a_symlink_or_a_fifo_is_refused_at_once() {
+        let d = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink("/dev/zero", d.path().join(MANIFEST)).unwrap();
+        let e = read_manifest(d.path()).unwrap_err();
+        assert!(e.to_string().contains("burrow.json is a symlink"), "{e}");
+        std::fs::remove_file(d.path().join(MANIFEST)).unwrap();
+        let fifo = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(
+            d.path().join(MANIFEST).as_os_str(),
+        ))
+        .unwrap();
+        // SAFETY: mkfifo reads a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        let start = std::time::Instant::now();
+        let e = read_manifest(d.path()).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        assert!(start.elapsed() < std::time::Duration::from_secs(1));
     }
 }

@@ -6,6 +6,7 @@ pub mod format;
 pub mod kvm_serde;
 pub mod memory;
 pub mod microvm;
+pub mod untrusted;
 pub mod vcpu;
 pub mod vm;
 #[cfg(test)]

@@ -29,6 +29,7 @@ pub mod named;
 pub mod net;
 pub mod pod;
 pub mod rootfs;
+pub mod signing;
 pub mod snapshot;
 pub mod sparse;
 pub mod tools;
@@ -397,7 +398,7 @@ impl VmSandbox {
     }
 
     async fn restore_inner(&self, cfg: &Config, c: &ContainerConfig, dir: &Path) -> Result<u32> {
-        let manifest = snapshot::read_manifest(dir)?;
+        let (manifest, manifest_bytes) = snapshot::read_manifest_bytes(dir)?;
         // One the shim wrote under its snapshot dir (named), else containerd's.
         let origin = if dir.starts_with(&cfg.snapshot_dir) {
             intake::Origin::Named
@@ -405,6 +406,13 @@ impl VmSandbox {
             intake::Origin::Containerd
         };
         let files = intake::take(dir, &manifest, cfg, origin)?;
+        // Structure and sizes first (their errors are the more specific),
+        // then whether this host wrote it as it is.
+        let state = files.verify_signature(
+            dir,
+            &signing::host_key(&cfg.checkpoint_key)?,
+            &manifest_bytes,
+        )?;
         std::fs::create_dir_all(&self.dir)
             .map_err(|e| SandboxError::Internal(format!("creating {}: {e}", self.dir.display())))?;
         jail::share_state_dir(cfg, &self.dir)?;
@@ -423,7 +431,8 @@ impl VmSandbox {
             },
         );
         let unpacked = self.path("restore-vm");
-        let vm_dir = checkpoint::prepare_restore(dir, &manifest, &files, &img, &unpacked).await?;
+        let vm_dir =
+            checkpoint::prepare_restore(dir, &manifest, &files, &state, &img, &unpacked).await?;
         let args = self.vmm_args(
             cfg,
             (img, manifest.rootfs_read_only),
@@ -477,9 +486,10 @@ impl VmSandbox {
     ) -> Result<()> {
         let r = async {
             let c = self.the_container()?;
+            let key = signing::host_key(&self.cfg()?.checkpoint_key)?;
             self.vm
                 .checkpoint(&snapshot::vm_dir(dir), after, |info| {
-                    checkpoint::complete(dir, &c, info, packed)
+                    checkpoint::complete(dir, &c, info, packed, &key)
                 })
                 .await
         }

@@ -230,8 +230,9 @@ pub fn load_expecting(
     expect: &super::untrusted::Expect,
 ) -> Result<(MicrovmState, Vec<(PathBuf, MemoryState)>), RestoreError> {
     let state: MicrovmState = read_state_file(&dir.join(STATE_FILE))?;
-    validate(&state)?;
+    // What the caller expects first: its message is the clearer one.
     super::untrusted::check(&state, expect).map_err(RestoreError::Invalid)?;
+    validate(&state)?;
     let chain = memory_chain(dir, &state)?;
     Ok((state, chain))
 }

@@ -274,3 +274,62 @@ fn reserved_cids_are_refused() {
     assert!(Vsock::new(2, &dir.join("x")).is_err());
     assert!(Vsock::new(1 << 40, &dir.join("x")).is_err());
 }
+
+/// Host CONNECT, the guest answers; returns the host stream and its local port.
+fn established(g: &mut Guest, port: u32) -> (UnixStream, u32) {
+    let mut host = UnixStream::connect(g.dir.join("v.sock")).unwrap();
+    host.write_all(format!("CONNECT {port}\n").as_bytes()).unwrap();
+    let local = g.pump()[0].0.src_port;
+    g.send(g.hdr(port, local, OP_RESPONSE), &[]);
+    read_exact_timeout(&mut host, format!("OK {local}\n").len());
+    (host, local)
+}
+
+fn assert_eof(s: &mut UnixStream, what: &str) {
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = [0u8; 8];
+    assert_eq!(s.read(&mut buf).unwrap_or(0), 0, "{what}: the host side is not closed");
+}
+
+#[test]
+fn connections_waiting_on_their_peer_expire_and_live_ones_stay() {
+    let mut g = guest("expire");
+    let limit = Duration::from_millis(200);
+    g.vsock.muxer.set_wait_limit(limit);
+    // A host client that never sends its CONNECT line.
+    let mut silent = UnixStream::connect(g.dir.join("v.sock")).unwrap();
+    // A host CONNECT the guest never answers.
+    let mut unanswered = UnixStream::connect(g.dir.join("v.sock")).unwrap();
+    unanswered.write_all(b"CONNECT 1024\n").unwrap();
+    let req = g.pump();
+    assert_eq!(req[0].0.op, OP_REQUEST);
+    let unanswered_port = req[0].0.src_port;
+    // A connection the host closed; the guest never sends its RST.
+    let (closing, closing_port) = established(&mut g, 1025);
+    drop(closing);
+    assert_eq!(g.pump()[0].0.op, OP_SHUTDOWN);
+    // A live one, and a half-closed one the guest still reads from.
+    let (mut live, live_port) = established(&mut g, 1026);
+    std::thread::sleep(limit * 2);
+    let mut rst = Vec::new();
+    for _ in 0..10 {
+        rst.extend(g.pump().into_iter().filter(|p| p.0.op == OP_RST).map(|p| p.0.src_port));
+        if rst.len() >= 2 {
+            break;
+        }
+    }
+    rst.sort_unstable();
+    let mut want = vec![unanswered_port, closing_port];
+    want.sort_unstable();
+    assert_eq!(rst, want, "the guest is told both are gone");
+    assert_eq!(g.vsock.muxer.pending_count(), 0);
+    assert_eq!(g.vsock.muxer.connection_count(), 1, "only the live connection is left");
+    assert_eof(&mut silent, "no CONNECT line");
+    assert_eof(&mut unanswered, "unanswered CONNECT");
+    // The live connection still carries data, both ways.
+    live.write_all(b"still").unwrap();
+    let pkts = g.pump();
+    assert_eq!((pkts[0].0.op, pkts[0].1.as_slice()), (OP_RW, &b"still"[..]));
+    g.send(g.hdr(1026, live_port, OP_RW), b"here");
+    assert_eq!(read_exact_timeout(&mut live, 4), b"here");
+}

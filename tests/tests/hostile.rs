@@ -352,3 +352,50 @@ fn hostile_checkpoints_are_refused_through_containerd_and_the_real_one_restores(
     c.assert_clean(CLEAN);
     let _ = std::fs::remove_file(&key_path);
 }
+
+/// A VM that stops answering (its burrow-vmm frozen with SIGSTOP: no vCPU
+/// runs, no device answers): `ctr task kill -s SIGKILL` still ends the task
+/// (the agent's call times out and the shim kills the VM), reported as
+/// killed, and `delete` leaves nothing.
+#[test]
+fn a_vm_that_stops_answering_is_killed_and_deleted_through_ctr() {
+    let c = Containerd::start(
+        "stuck",
+        "agent_timeout_secs = 5\nboot_timeout_secs = 900\n[memory_mib]\ndefault = 128\n",
+    );
+    let r = c.ctr(&Containerd::run_args(
+        &["-d"],
+        "t-stuck",
+        &["sleep", "100000"],
+    ));
+    assert_eq!(r.code, Some(0), "{r:?}\n{}", c.diagnostics());
+    c.wait_status("t-stuck", "RUNNING", LONG);
+    let pid = c.vmm_pid("t-stuck");
+    // SAFETY: kill(2) on the VMM this test's containerd started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    let k = c.ctr(&["task", "kill", "-s", "SIGKILL", "t-stuck"]);
+    assert_eq!(
+        k.code,
+        Some(0),
+        "kill of a frozen VM: {k:?}\n{}",
+        c.diagnostics()
+    );
+    // The agent timeout (5 s) and the kill, not the VM lock or a boot timeout.
+    assert!(
+        k.elapsed < Duration::from_secs(60),
+        "kill took {:?}",
+        k.elapsed
+    );
+    c.wait_status("t-stuck", "STOPPED", Duration::from_secs(60));
+    assert!(
+        !burrow_tests::containerd::process_running(pid),
+        "the frozen burrow-vmm {pid} is still there"
+    );
+    let d = c.ctr(&["task", "delete", "t-stuck"]);
+    assert_eq!(d.code, Some(0), "{d:?}\n{}", c.diagnostics());
+    assert_eq!(c.ctr(&["containers", "rm", "t-stuck"]).code, Some(0));
+    c.assert_clean(CLEAN);
+    // Reported: the shim's log says what it did and why.
+    let log = c.diagnostics();
+    assert!(log.contains("did not take SIGKILL"), "{log}");
+}

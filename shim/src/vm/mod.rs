@@ -162,6 +162,7 @@ impl VmSandbox {
             dir: dir.clone(),
             boot_timeout: Duration::from_secs(boot),
             agent_timeout: Duration::from_secs(agent),
+            last: std::sync::Mutex::new(None),
         };
         Arc::new_cyclic(|me| Self {
             cfg,
@@ -577,10 +578,32 @@ impl Sandbox for VmSandbox {
     }
 
     async fn signal(&self, id: &str, exec_id: &str, signal: u32, all: bool) -> Result<()> {
-        self.awake_agent()
-            .await?
-            .signal(&self.gid(id), exec_id, signal, all)
-            .await
+        // SIGKILL of the only container's init: the VM is its whole world,
+        // so a VM that cannot take the call is killed instead (and an
+        // asleep one is not woken only to be killed).
+        let ends_vm = signal == libc::SIGKILL as u32
+            && exec_id.is_empty()
+            && self.registry().len() == 1
+            && !self.slots.is_pod();
+        if ends_vm && matches!(self.vm.phase(), Phase::Asleep(_)) {
+            self.vm.kill(Gone::Killed).await;
+            return Ok(());
+        }
+        let r = async {
+            self.awake_agent()
+                .await?
+                .signal(&self.gid(id), exec_id, signal, all)
+                .await
+        }
+        .await;
+        match r {
+            Err(SandboxError::Timeout(why)) | Err(SandboxError::Unavailable(why)) if ends_vm => {
+                tracing::warn!("{id}: the agent did not take SIGKILL ({why}); killing the VM");
+                self.vm.kill(Gone::Killed).await;
+                Ok(())
+            }
+            r => r,
+        }
     }
 
     async fn wait(&self, id: &str, exec_id: &str) -> Result<ExitStatus> {
@@ -594,7 +617,7 @@ impl Sandbox for VmSandbox {
             .await;
         match r {
             // Reported like runc's: killed (137), not lost (255).
-            Err(_) if matches!(self.vm.phase(), Phase::Gone(Gone::Checkpointed)) => {
+            Err(_) if matches!(self.vm.phase(), Phase::Gone(Gone::Checkpointed | Gone::Killed)) => {
                 Ok(ExitStatus::Signal(9))
             }
             r => r,

@@ -32,6 +32,8 @@ pub mod rootfs;
 pub mod signing;
 pub mod snapshot;
 pub mod sparse;
+#[cfg(test)]
+mod fuzz_tests;
 pub mod tools;
 pub mod vmm;
 

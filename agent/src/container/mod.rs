@@ -12,6 +12,8 @@
 //! small for a fast-booting initramfs. What a container needs inside an
 //! already isolating VM is a short list of system calls (see `spawn`).
 
+#[cfg(test)]
+mod fuzz_tests;
 mod mounts;
 mod plan;
 mod podns;

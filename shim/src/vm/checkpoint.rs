@@ -160,7 +160,17 @@ pub async fn prepare_restore(
             ))
         })?;
     let memory = unpacked.join(snapshot::MEMORY);
-    sparse_job("unpacking", files.memory.path(), memory, sparse::unpack).await?;
+    // Exactly the manifest's memory (which the intake checked against the
+    // config): the memory pack is not signed.
+    let bytes = manifest.memory_mib << 20;
+    let (from, to) = (files.memory.path(), memory.clone());
+    tokio::task::spawn_blocking(move || sparse::unpack_within(&from, &to, bytes))
+        .await
+        .map_err(|e| SandboxError::Internal(format!("unpacking the memory: {e}")))?
+        .map_err(|e| {
+            let _ = std::fs::remove_file(&memory);
+            SandboxError::InvalidArgument(format!("unpacking the memory: {e}"))
+        })?;
     sparse_job("unpacking", files.disk.path(), img.to_path_buf(), sparse::unpack).await?;
     Ok(unpacked.to_path_buf())
 }

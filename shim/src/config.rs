@@ -12,6 +12,7 @@
 //! io_drain_secs = 5           # output drain after a process exits
 //! rootfs_slack_mib = 256      # free space in a built rootfs image
 //! snapshot_dir = "/var/lib/burrow/snapshots"  # hibernated VMs: <dir>/<ns>/<id>
+//! checkpoint_key = "/etc/burrow/checkpoint.key"  # signs checkpoints (made 0600 on first use)
 //! hibernate_idle_secs = 0      # hibernate after this long idle; 0 = never
 //!                              # (annotation io.burrow.hibernate_idle_secs)
 //! vmm_jail = true    # run burrow-vmm jailed (namespaces, no privileges)
@@ -96,6 +97,9 @@ pub struct Config {
     pub io_drain_secs: u64,
     pub rootfs_slack_mib: u64,
     pub snapshot_dir: PathBuf,
+    /// The key that signs this host's checkpoints (see the shim's
+    /// `vm::signing`); made on first use.
+    pub checkpoint_key: PathBuf,
     pub hibernate_idle_secs: u64,
     /// Empty block slots a CRI pod's VM boots with: one per container of
     /// the pod (the sandbox has the boot disk).
@@ -124,6 +128,7 @@ impl Default for Config {
             io_drain_secs: 5,
             rootfs_slack_mib: 256,
             snapshot_dir: PathBuf::from("/var/lib/burrow/snapshots"),
+            checkpoint_key: PathBuf::from("/etc/burrow/checkpoint.key"),
             hibernate_idle_secs: 0,
             pod_disk_slots: 8,
             vcpus: Bounds::default(),

@@ -171,4 +171,49 @@ mod tests {
         b.write_all(&vec![b'x'; MAX_LINE + 10]).unwrap();
         assert!(c.read_lines().is_none(), "over-long line drops the client");
     }
+
+    /// Random control-API traffic (valid commands, damaged ones, noise,
+    /// long lines): lines are bounded and every one parses or is refused.
+    #[test]
+    fn random_api_lines_never_panic() {
+        use burrow_vmm_api::Request;
+        let mut rng = fastrand::Rng::with_seed(0x5eed_001a);
+        let valid: [&[u8]; 6] = [
+            br#"{"cmd":"status"}"#,
+            br#"{"cmd":"pause"}"#,
+            br#"{"cmd":"snapshot","dir":"/s","incremental":true}"#,
+            br#"{"cmd":"attach_disk","slot":4294967295,"path":"/x","read_only":false}"#,
+            br#"{"cmd":"detach_disk","slot":1}"#,
+            br#"{"cmd":"stop"}"#,
+        ];
+        let (mut parsed, mut refused) = (0, 0);
+        for _ in 0..300 {
+            let (a, mut b) = UnixStream::pair().unwrap();
+            let mut c = Client::new(a).unwrap();
+            for _ in 0..20 {
+                let mut msg = match rng.u8(0..4) {
+                    0 => (0..rng.usize(0..200)).map(|_| rng.u8(..)).collect(),
+                    1 => vec![b'{'; rng.usize(0..MAX_LINE / 2)],
+                    _ => valid[rng.usize(0..valid.len())].to_vec(),
+                };
+                if !msg.is_empty() && rng.bool() {
+                    let at = rng.usize(0..msg.len());
+                    msg[at] = rng.u8(..);
+                }
+                msg.push(b'\n');
+                b.write_all(&msg).unwrap();
+                let Some(lines) = c.read_lines() else {
+                    break;
+                };
+                for line in lines {
+                    assert!(line.len() <= MAX_LINE * 5, "a line of {} bytes", line.len());
+                    match Request::parse(&line) {
+                        Ok(_) => parsed += 1,
+                        Err(_) => refused += 1,
+                    }
+                }
+            }
+        }
+        assert!(parsed > 0 && refused > 0, "{parsed} parsed, {refused} refused");
+    }
 }

@@ -16,6 +16,7 @@ use burrow_vmm::api::failure_kind;
 use burrow_vmm::config::{SerialOutput, VsockConfig};
 use burrow_vmm::jail::{self, seccomp};
 use burrow_vmm::snapshot::microvm;
+use burrow_vmm::snapshot::untrusted::Expect;
 use burrow_vmm::vmm::{check_restore, RestoreConfig};
 use burrow_vmm::{VmConfig, Vmm};
 use burrow_vmm_api::{ApiError, Cli, ErrorKind, VmmArgs, VmmCommand};
@@ -133,8 +134,14 @@ fn serial_config(args: &RunArgs) -> (SerialOutput, bool) {
 /// the memory files of its chain) before anything is created, so a bad
 /// snapshot fails with status 2 and touches nothing.
 fn restore(args: &RunArgs, dir: &std::path::Path) -> anyhow::Result<(Vmm, Option<UnixListener>)> {
+    let expect = Expect {
+        self_contained: args.self_contained,
+        net_given: args.net.is_some(),
+        vcpus: args.expect_vcpus,
+        mem_mib: args.expect_mem_mib,
+    };
     let (state, chain) =
-        microvm::load(dir).with_context(|| format!("snapshot {}", dir.display()))?;
+        microvm::load_expecting(dir, &expect).with_context(|| format!("snapshot {}", dir.display()))?;
     let (serial, serial_stdin) = serial_config(args);
     let opts = RestoreConfig {
         dir: dir.to_path_buf(),

@@ -370,9 +370,30 @@ fn bad_snapshots_are_refused_with_status_2() {
     with_state(&edited(&|v| v["devices"][0]["queues"][0]["max_size"] = 1024.into()), &mem);
     assert_refused_late(&bad, &d, "max size 1024 but the device offers 256");
 
+    // An untrusted snapshot (--self-contained) may not name a base
+    // snapshot: refused before that directory is read.
+    let elsewhere = d.join("elsewhere");
+    with_state(
+        &edited(&|v| {
+            v["memory"]["kind"] = serde_json::json!({
+                "kind": "incremental", "base_dir": elsewhere, "base_id": 1, "runs": []
+            })
+        }),
+        &[],
+    );
+    assert_refused(&bad, &d, &["--self-contained"], "names a base snapshot");
+    // Its size must be the one the caller checked.
+    with_state(&good, &mem);
+    assert_refused(&bad, &d, &["--expect-mem", "64"], "the state has 32 MiB of memory, the checkpoint says 64 MiB");
+    assert_refused(&bad, &d, &["--expect-vcpus", "2"], "the state has 1 vCPUs");
+
     // Untouched, the copy restores (the checks above refused for their reason only).
     with_state(&good, &mem);
-    let mut vm = spawn(&["--restore", bad.to_str().unwrap(), "--paused"], &d.join("api1"), &d.join("log1"));
+    let mut vm = spawn(
+        &["--restore", bad.to_str().unwrap(), "--paused", "--self-contained", "--expect-mem", "32", "--expect-vcpus", "1"],
+        &d.join("api1"),
+        &d.join("log1"),
+    );
     assert_eq!(vm.request("{\"cmd\":\"status\"}")["state"], "created");
     vm.stop();
 }

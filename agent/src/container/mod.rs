@@ -13,6 +13,8 @@
 //! already isolating VM is a short list of system calls (see `spawn`).
 
 pub mod cgroup;
+#[cfg(test)]
+mod fuzz_tests;
 mod hostfiles;
 mod mounts;
 mod plan;

@@ -4,12 +4,14 @@
 //! manifest; and unpacking a packed checkpoint for a restore. Layout in
 //! [`snapshot`].
 
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use super::intake::Intake;
 use super::lifecycle::VmInfo;
 use super::rootfs::GuestRootfs;
-use super::{snapshot, sparse};
+use super::{signing, snapshot, sparse};
 use crate::sandbox::{Result, SandboxError};
 
 /// What a snapshot's manifest says about the container in it.
@@ -66,7 +68,13 @@ fn manifest(c: &Contents, info: VmInfo, vm: Option<String>, packed: bool) -> sna
 /// is still paused, so the disk matches): the disk and the manifest;
 /// `packed` (for containerd) stores the memory file and the disk as
 /// [`sparse`] packs.
-pub async fn complete(dir: &Path, c: &Contents, info: VmInfo, packed: bool) -> Result<()> {
+pub async fn complete(
+    dir: &Path,
+    c: &Contents,
+    info: VmInfo,
+    packed: bool,
+    key: &[u8],
+) -> Result<()> {
     let vm_dir = snapshot::vm_dir(dir);
     if packed {
         let memory = vm_dir.join(snapshot::MEMORY);
@@ -88,7 +96,19 @@ pub async fn complete(dir: &Path, c: &Contents, info: VmInfo, packed: bool) -> R
     } else {
         snapshot::copy_disk(&c.rootfs.disk, &dir.join(snapshot::ROOTFS)).await?;
     }
-    snapshot::write_manifest(dir, &manifest(c, info, None, packed))
+    let m = snapshot::write_manifest(dir, &manifest(c, info, None, packed))?;
+    let state_path = vm_dir.join(snapshot::STATE_FILE);
+    let state = std::fs::read(&state_path)
+        .map_err(|e| SandboxError::io(format_args!("reading {}", state_path.display()), &e))?;
+    let sig = signing::sign(key, &m, &state)?;
+    let path = dir.join(signing::SIG_FILE);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .and_then(|mut f| f.write_all(sig.as_bytes()))
+        .map_err(|e| SandboxError::io(format_args!("writing {}", path.display()), &e))
 }
 
 /// Remove what a failed checkpoint left in `dir`.
@@ -98,6 +118,7 @@ pub fn remove_partial(dir: &Path) {
         snapshot::ROOTFS.to_string(),
         snapshot::packed(snapshot::ROOTFS),
         snapshot::MANIFEST.to_string(),
+        signing::SIG_FILE.to_string(),
     ] {
         let p = dir.join(name);
         let _ = std::fs::remove_dir_all(&p).or_else(|_| std::fs::remove_file(&p));
@@ -107,7 +128,7 @@ pub fn remove_partial(dir: &Path) {
 /// The manifest of hibernation link `link` in `dir` (the link itself is
 /// the VM snapshot; the disk stays where it is).
 pub fn complete_hibernation(dir: &Path, c: &Contents, info: VmInfo, link: String) -> Result<()> {
-    snapshot::write_manifest(dir, &manifest(c, info, Some(link), false))
+    snapshot::write_manifest(dir, &manifest(c, info, Some(link), false)).map(drop)
 }
 
 /// Give a restore of the checkpoint in `dir` (with `manifest`, its files
@@ -120,6 +141,7 @@ pub async fn prepare_restore(
     dir: &Path,
     manifest: &snapshot::Manifest,
     files: &Intake,
+    state: &[u8],
     img: &Path,
     unpacked: &Path,
 ) -> Result<PathBuf> {
@@ -129,7 +151,8 @@ pub async fn prepare_restore(
     }
     let _ = std::fs::remove_dir_all(unpacked);
     std::fs::create_dir_all(unpacked)
-        .and_then(|()| std::fs::copy(files.state.path(), unpacked.join(snapshot::STATE_FILE)))
+        // The bytes whose signature was checked, not a second read.
+        .and_then(|()| std::fs::write(unpacked.join(snapshot::STATE_FILE), state))
         .map_err(|e| {
             SandboxError::Internal(format!(
                 "copying the VM state to {}: {e}",
@@ -137,7 +160,17 @@ pub async fn prepare_restore(
             ))
         })?;
     let memory = unpacked.join(snapshot::MEMORY);
-    sparse_job("unpacking", files.memory.path(), memory, sparse::unpack).await?;
+    // Exactly the manifest's memory (which the intake checked against the
+    // config): the memory pack is not signed.
+    let bytes = manifest.memory_mib << 20;
+    let (from, to) = (files.memory.path(), memory.clone());
+    tokio::task::spawn_blocking(move || sparse::unpack_within(&from, &to, bytes))
+        .await
+        .map_err(|e| SandboxError::Internal(format!("unpacking the memory: {e}")))?
+        .map_err(|e| {
+            let _ = std::fs::remove_file(&memory);
+            SandboxError::InvalidArgument(format!("unpacking the memory: {e}"))
+        })?;
     sparse_job("unpacking", files.disk.path(), img.to_path_buf(), sparse::unpack).await?;
     Ok(unpacked.to_path_buf())
 }

@@ -44,6 +44,10 @@ impl Member {
     pub fn size(&self) -> u64 {
         self.len
     }
+
+    pub fn into_file(self) -> File {
+        self.file
+    }
 }
 
 /// The checked files of a checkpoint: the VMM state, the memory and the
@@ -68,9 +72,45 @@ fn bad(dir: &Path, why: String) -> SandboxError {
     SandboxError::InvalidArgument(format!("{} is not a usable burrow checkpoint: {why}", dir.display()))
 }
 
+/// Largest signature file read.
+const MAX_SIG: u64 = 256;
+
+impl Intake {
+    /// Check checkpoint `dir`'s signature (`burrow.sig`, beneath it like
+    /// every member) over `manifest` (the bytes it was parsed from) and the
+    /// state file; returns the state's bytes, which are what a restore then
+    /// uses.
+    pub fn verify_signature(&self, dir: &Path, key: &[u8], manifest: &[u8]) -> Result<Vec<u8>> {
+        use std::io::Read;
+        let base = File::open(dir).map_err(|e| bad(dir, e.to_string()))?;
+        let sig = match open_beneath(&base, dir, super::signing::SIG_FILE, MAX_SIG) {
+            Ok(m) => m,
+            Err(SandboxError::InvalidArgument(why)) if why.ends_with("is missing") => {
+                return Err(bad(
+                    dir,
+                    format!(
+                        "it is not signed ({} is missing): only checkpoints this host took are restored",
+                        super::signing::SIG_FILE
+                    ),
+                ))
+            }
+            Err(e) => return Err(e),
+        };
+        let mut sig_bytes = Vec::new();
+        (&sig.file).take(MAX_SIG).read_to_end(&mut sig_bytes).map_err(|e| bad(dir, e.to_string()))?;
+        let mut state = Vec::new();
+        (&self.state.file)
+            .take(MAX_STATE)
+            .read_to_end(&mut state)
+            .map_err(|e| bad(dir, format!("reading the VM state: {e}")))?;
+        super::signing::verify(key, manifest, &state, &sig_bytes).map_err(|why| bad(dir, why))?;
+        Ok(state)
+    }
+}
+
 /// Open `rel` beneath the directory `base` without following any symlink,
 /// as a regular file of at most `max` bytes.
-fn open_beneath(base: &File, dir: &Path, rel: &str, max: u64) -> Result<Member> {
+pub(super) fn open_beneath(base: &File, dir: &Path, rel: &str, max: u64) -> Result<Member> {
     let c = std::ffi::CString::new(Path::new(rel).as_os_str().as_bytes())
         .map_err(|_| bad(dir, format!("{rel}: bad name")))?;
     // SAFETY: open_how is plain data; zeroed is its documented default.

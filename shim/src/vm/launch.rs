@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 
 use super::agent::{Agent, AgentAddr};
-use super::lifecycle::{Launched, Launcher, VmProcess};
+use super::lifecycle::{Killer, Launched, Launcher, VmProcess};
 use super::vmm::{self, Vmm, VmmLaunch};
 use crate::sandbox::Result;
 
@@ -19,6 +19,8 @@ pub struct VmmLauncher {
     pub dir: PathBuf,
     pub boot_timeout: Duration,
     pub agent_timeout: Duration,
+    /// Kills the burrow-vmm spawned last.
+    pub last: std::sync::Mutex<Option<Killer>>,
 }
 
 impl VmmLauncher {
@@ -54,6 +56,7 @@ impl Launcher for VmmLauncher {
         };
         let started = std::time::Instant::now();
         let mut vmm = Vmm::spawn(args, &self.path("vmm.log"))?;
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(vmm.killer());
         let spawned = started.elapsed();
         let _ = std::fs::write(self.path("vmm.pid"), vmm.pid.to_string());
         let ready = async {
@@ -90,6 +93,10 @@ impl Launcher for VmmLauncher {
 
     fn stopped(&self) {
         let _ = std::fs::remove_file(self.path("vmm.pid"));
+    }
+
+    fn killer(&self) -> Option<Killer> {
+        self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }
 

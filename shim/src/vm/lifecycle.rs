@@ -90,6 +90,26 @@ pub trait Launcher: Send + Sync {
     async fn launch(&self, args: &VmmLaunch) -> Result<Launched>;
     /// The VM process was stopped or killed on purpose.
     fn stopped(&self) {}
+    /// Kills the VM process it started last, from outside the transition
+    /// lock: while a launch that holds it waits on a silent guest, say.
+    fn killer(&self) -> Option<Killer> {
+        None
+    }
+}
+
+/// Kills a VM process without its lock (burrow-vmm: through a pidfd, so
+/// never another process that got its pid).
+#[derive(Clone)]
+pub struct Killer(Arc<dyn Fn() + Send + Sync>);
+
+impl Killer {
+    pub fn new(kill: impl Fn() + Send + Sync + 'static) -> Self {
+        Self(Arc::new(kill))
+    }
+
+    pub fn kill(&self) {
+        (self.0)()
+    }
 }
 
 /// The newest link of a sandbox's hibernation chain.
@@ -111,6 +131,9 @@ pub enum Gone {
     Checkpointed,
     /// The VMM exited by itself (killed, crashed, the guest powered off).
     Died(String),
+    /// Killed by the shim for a SIGKILL its agent did not answer: the
+    /// container's processes were killed, as asked (reported as 137).
+    Killed,
 }
 
 /// A running VM, as its clients see it.
@@ -177,6 +200,9 @@ impl Phase {
             }
             Phase::Gone(Gone::Checkpointed) => SandboxError::FailedPrecondition(
                 "the VM was stopped by a checkpoint with exit".into(),
+            ),
+            Phase::Gone(Gone::Killed) => SandboxError::Unavailable(
+                "the VM was killed: its agent did not answer a SIGKILL".into(),
             ),
             _ => SandboxError::FailedPrecondition("the VM is not running".into()),
         }
@@ -643,8 +669,39 @@ impl Lifecycle {
     /// Stop the VM for good (from any phase) and drop its hibernation
     /// chain. Idempotent; a VM that is gone keeps its first reason.
     pub async fn stop(&self, why: Gone) {
-        let mut slot = self.slot.lock().await;
+        // Not behind a transition that may wait on the guest (a wake's
+        // connect, a snapshot): kill the VM, and that transition fails at
+        // once.
+        let mut slot = match self.slot.try_lock() {
+            Ok(slot) => slot,
+            Err(_) => {
+                if let Some(k) = self.launcher.killer() {
+                    tracing::info!("stopping the VM while a transition holds it: killing burrow-vmm");
+                    k.kill();
+                }
+                self.slot.lock().await
+            }
+        };
         self.stop_locked(&mut slot, why).await;
+    }
+
+    /// Kill the VM now (its agent does not answer), without waiting for the
+    /// transition lock, and stop it for good.
+    pub async fn kill(&self, why: Gone) {
+        // The reason first: the VMM's exit must not read as a death.
+        let reason = why.clone();
+        self.phase.send_if_modified(move |p| {
+            if matches!(p, Phase::Gone(_)) {
+                false
+            } else {
+                *p = Phase::Gone(reason);
+                true
+            }
+        });
+        if let Some(k) = self.launcher.killer() {
+            k.kill();
+        }
+        self.stop(why).await;
     }
 
     async fn stop_locked(&self, slot: &mut Slot, why: Gone) {

@@ -26,6 +26,10 @@ struct World {
     fail_snapshot: AtomicBool,
     /// Snapshots wait for a permit when set.
     gate: StdMutex<Option<Arc<Semaphore>>>,
+    /// Launches wait (a guest that never answers) until killed.
+    hang_launch: AtomicBool,
+    killed: AtomicBool,
+    unhang: tokio::sync::Notify,
 }
 
 impl World {
@@ -104,7 +108,21 @@ fn fake_agent() -> Agent {
 
 #[async_trait]
 impl Launcher for FakeLauncher {
+    fn killer(&self) -> Option<Killer> {
+        let w = self.0.clone();
+        Some(Killer::new(move || {
+            w.killed.store(true, Ordering::SeqCst);
+            w.unhang.notify_one();
+        }))
+    }
+
     async fn launch(&self, args: &VmmLaunch) -> Result<Launched> {
+        if self.0.hang_launch.load(Ordering::SeqCst) {
+            self.0.unhang.notified().await;
+            return Err(SandboxError::Unavailable(
+                "the VM exited while booting: killed".into(),
+            ));
+        }
         if self.0.fail_launch.swap(false, Ordering::SeqCst) {
             return Err(SandboxError::Unavailable(
                 "the VM exited while booting".into(),
@@ -487,4 +505,29 @@ async fn blocked_calls_survive_a_hibernation_without_waking_the_vm() {
     t.lc.wake().await.expect("wake");
     assert_eq!(blocked.await.expect("join").expect("read"), "data");
     assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn stop_kills_a_launch_that_waits_on_a_silent_guest_instead_of_waiting() {
+    let t = T::new();
+    t.world.hang_launch.store(true, Ordering::SeqCst);
+    let (lc, args) = (t.lc.clone(), t.args());
+    let start = tokio::spawn(async move { lc.start(args, |_| async { Ok(()) }).await });
+    let mut rx = t.lc.subscribe();
+    rx.wait_for(|p| matches!(p, Phase::Booting)).await.expect("booting");
+    tokio::time::timeout(Duration::from_secs(5), t.lc.stop(Gone::Stopped))
+        .await
+        .expect("stop waited for the launch's lock");
+    assert!(t.world.killed.load(Ordering::SeqCst), "the VM process was killed");
+    assert!(start.await.expect("join").is_err(), "the launch failed");
+    assert!(matches!(t.lc.phase(), Phase::Gone(Gone::Stopped)), "{:?}", t.lc.phase());
+}
+
+#[tokio::test]
+async fn an_uncontended_stop_does_not_kill() {
+    let t = T::new();
+    t.lc.start(t.args(), |_| async { Ok(()) }).await.expect("start");
+    t.lc.stop(Gone::Stopped).await;
+    assert!(!t.world.killed.load(Ordering::SeqCst), "stopped through its API, not killed");
+    assert_eq!(t.world.stops.load(Ordering::SeqCst), 1);
 }

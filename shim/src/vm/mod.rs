@@ -33,8 +33,11 @@ pub mod netcheck;
 pub mod netns;
 pub mod pod;
 pub mod rootfs;
+pub mod signing;
 pub mod snapshot;
 pub mod sparse;
+#[cfg(test)]
+mod fuzz_tests;
 pub mod tools;
 pub mod vmm;
 
@@ -165,6 +168,7 @@ impl VmSandbox {
             dir: dir.clone(),
             boot_timeout: Duration::from_secs(boot),
             agent_timeout: Duration::from_secs(agent),
+            last: std::sync::Mutex::new(None),
         };
         Arc::new_cyclic(|me| Self {
             cfg,
@@ -405,7 +409,7 @@ impl VmSandbox {
     }
 
     async fn restore_inner(&self, cfg: &Config, c: &ContainerConfig, dir: &Path) -> Result<u32> {
-        let manifest = snapshot::read_manifest(dir)?;
+        let (manifest, manifest_bytes) = snapshot::read_manifest_bytes(dir)?;
         // One the shim wrote under its snapshot dir (named), else containerd's.
         let origin = if dir.starts_with(&cfg.snapshot_dir) {
             intake::Origin::Named
@@ -413,6 +417,13 @@ impl VmSandbox {
             intake::Origin::Containerd
         };
         let files = intake::take(dir, &manifest, cfg, origin)?;
+        // Structure and sizes first (their errors are the more specific),
+        // then whether this host wrote it as it is.
+        let state = files.verify_signature(
+            dir,
+            &signing::host_key(&cfg.checkpoint_key)?,
+            &manifest_bytes,
+        )?;
         std::fs::create_dir_all(&self.dir)
             .map_err(|e| SandboxError::Internal(format!("creating {}: {e}", self.dir.display())))?;
         jail::share_state_dir(cfg, &self.dir)?;
@@ -431,7 +442,8 @@ impl VmSandbox {
             },
         );
         let unpacked = self.path("restore-vm");
-        let vm_dir = checkpoint::prepare_restore(dir, &manifest, &files, &img, &unpacked).await?;
+        let vm_dir =
+            checkpoint::prepare_restore(dir, &manifest, &files, &state, &img, &unpacked).await?;
         let args = self.vmm_args(
             cfg,
             (img, manifest.rootfs_read_only),
@@ -439,7 +451,13 @@ impl VmSandbox {
             Some(vm_dir),
             &c.spec,
         )?;
-        let args = self.with_network(&c.spec, args).await?;
+        let mut args = self.with_network(&c.spec, args).await?;
+        // The VMM checks the state file itself before it opens anything the
+        // state names: no base snapshot, slot file or tap by name, and the
+        // size the manifest says (checked against the config above).
+        args.args.self_contained = true;
+        args.args.expect_vcpus = u8::try_from(manifest.vcpus).ok();
+        args.args.expect_mem_mib = Some(manifest.memory_mib);
         tracing::info!(
             "{}: restoring container {} from {}: {}",
             c.id,
@@ -479,9 +497,10 @@ impl VmSandbox {
     ) -> Result<()> {
         let r = async {
             let c = self.the_container()?;
+            let key = signing::host_key(&self.cfg()?.checkpoint_key)?;
             self.vm
                 .checkpoint(&snapshot::vm_dir(dir), after, |info| {
-                    checkpoint::complete(dir, &c, info, packed)
+                    checkpoint::complete(dir, &c, info, packed, &key)
                 })
                 .await
         }
@@ -568,10 +587,32 @@ impl Sandbox for VmSandbox {
     }
 
     async fn signal(&self, id: &str, exec_id: &str, signal: u32, all: bool) -> Result<()> {
-        self.awake_agent()
-            .await?
-            .signal(&self.gid(id), exec_id, signal, all)
-            .await
+        // SIGKILL of the only container's init: the VM is its whole world,
+        // so a VM that cannot take the call is killed instead (and an
+        // asleep one is not woken only to be killed).
+        let ends_vm = signal == libc::SIGKILL as u32
+            && exec_id.is_empty()
+            && self.registry().len() == 1
+            && !self.slots.is_pod();
+        if ends_vm && matches!(self.vm.phase(), Phase::Asleep(_)) {
+            self.vm.kill(Gone::Killed).await;
+            return Ok(());
+        }
+        let r = async {
+            self.awake_agent()
+                .await?
+                .signal(&self.gid(id), exec_id, signal, all)
+                .await
+        }
+        .await;
+        match r {
+            Err(SandboxError::Timeout(why)) | Err(SandboxError::Unavailable(why)) if ends_vm => {
+                tracing::warn!("{id}: the agent did not take SIGKILL ({why}); killing the VM");
+                self.vm.kill(Gone::Killed).await;
+                Ok(())
+            }
+            r => r,
+        }
     }
 
     async fn wait(&self, id: &str, exec_id: &str) -> Result<ExitStatus> {
@@ -585,7 +626,7 @@ impl Sandbox for VmSandbox {
             .await;
         match r {
             // Reported like runc's: killed (137), not lost (255).
-            Err(_) if matches!(self.vm.phase(), Phase::Gone(Gone::Checkpointed)) => {
+            Err(_) if matches!(self.vm.phase(), Phase::Gone(Gone::Checkpointed | Gone::Killed)) => {
                 Ok(ExitStatus::Signal(9))
             }
             r => r,

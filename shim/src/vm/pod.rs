@@ -69,6 +69,11 @@ impl Slots {
         self.owners.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Whether the VM is a pod's (booted with slots).
+    pub fn is_pod(&self) -> bool {
+        !self.lock().is_empty()
+    }
+
     /// The VM booted with `n` empty slots.
     pub fn reset(&self, n: u32) {
         *self.lock() = vec![None; usize::try_from(n).unwrap_or(0)];

@@ -82,13 +82,15 @@ impl Manifest {
     }
 }
 
-/// Write the manifest into `dir`.
-pub fn write_manifest(dir: &Path, m: &Manifest) -> Result<()> {
+/// Write the manifest into `dir`; returns the bytes written (what a
+/// checkpoint's signature covers).
+pub fn write_manifest(dir: &Path, m: &Manifest) -> Result<Vec<u8>> {
     let data = serde_json::to_vec_pretty(m)
         .map_err(|e| SandboxError::Internal(format!("encoding the manifest: {e}")))?;
     let path = dir.join(MANIFEST);
-    std::fs::write(&path, data)
-        .map_err(|e| SandboxError::io(format_args!("writing {}", path.display()), &e))
+    std::fs::write(&path, &data)
+        .map_err(|e| SandboxError::io(format_args!("writing {}", path.display()), &e))?;
+    Ok(data)
 }
 
 /// Read and check the manifest of checkpoint `dir`, and that the files it
@@ -97,9 +99,19 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest> {
     read_manifest_with(dir, true)
 }
 
+/// [`read_manifest`], with the bytes it was read from (what a checkpoint's
+/// signature covers).
+pub fn read_manifest_bytes(dir: &Path) -> Result<(Manifest, Vec<u8>)> {
+    read_manifest_inner(dir, true)
+}
+
 /// Like [`read_manifest`]; a hibernation snapshot has no `rootfs.img` (the
 /// sandbox's own disk stays where it is), so `with_rootfs` is false there.
 pub fn read_manifest_with(dir: &Path, with_rootfs: bool) -> Result<Manifest> {
+    read_manifest_inner(dir, with_rootfs).map(|(m, _)| m)
+}
+
+fn read_manifest_inner(dir: &Path, with_rootfs: bool) -> Result<(Manifest, Vec<u8>)> {
     use std::io::Read;
     let bad = |why: String| {
         SandboxError::InvalidArgument(format!(
@@ -107,8 +119,10 @@ pub fn read_manifest_with(dir: &Path, with_rootfs: bool) -> Result<Manifest> {
             dir.display()
         ))
     };
-    let path = dir.join(MANIFEST);
-    let f = std::fs::File::open(&path).map_err(|e| bad(format!("{MANIFEST}: {e}")))?;
+    // Beneath the directory, no symlink, a regular file (a FIFO must not
+    // block, /dev/zero must not be read), like every other member.
+    let base = std::fs::File::open(dir).map_err(|e| bad(e.to_string()))?;
+    let f = super::intake::open_beneath(&base, dir, MANIFEST, MAX_MANIFEST)?.into_file();
     let mut data = Vec::new();
     f.take(MAX_MANIFEST + 1)
         .read_to_end(&mut data)
@@ -148,12 +162,15 @@ pub fn read_manifest_with(dir: &Path, with_rootfs: bool) -> Result<Manifest> {
     if with_rootfs {
         need.push(dir.join(name(ROOTFS)));
     }
+    // Only that they are there: what they are (a symlink, a FIFO) is for
+    // the intake to refuse, by name (`is_file` would follow a symlink and
+    // call a FIFO missing).
     for f in need {
-        if !f.is_file() {
+        if std::fs::symlink_metadata(&f).is_err() {
             return Err(bad(format!("{} is missing", f.display())));
         }
     }
-    Ok(m)
+    Ok((m, data))
 }
 
 /// The VMM snapshot directory of checkpoint `dir`.
@@ -274,6 +291,25 @@ mod tests {
         let f = std::fs::File::create(d.path().join(MANIFEST)).unwrap();
         f.set_len(MAX_MANIFEST + 10).unwrap();
         let e = read_manifest(d.path()).unwrap_err();
-        assert!(e.to_string().contains("larger than"), "{e}");
+        assert!(e.to_string().contains("more than the"), "{e}");
+    }
+
+    #[test]
+    fn a_manifest_that_is_a_symlink_or_a_fifo_is_refused_at_once() {
+        let d = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink("/dev/zero", d.path().join(MANIFEST)).unwrap();
+        let e = read_manifest(d.path()).unwrap_err();
+        assert!(e.to_string().contains("burrow.json is a symlink"), "{e}");
+        std::fs::remove_file(d.path().join(MANIFEST)).unwrap();
+        let fifo = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(
+            d.path().join(MANIFEST).as_os_str(),
+        ))
+        .unwrap();
+        // SAFETY: mkfifo reads a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        let start = std::time::Instant::now();
+        let e = read_manifest(d.path()).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        assert!(start.elapsed() < std::time::Duration::from_secs(1));
     }
 }

@@ -106,6 +106,12 @@ fn u64_at(r: &mut impl Read) -> std::io::Result<u64> {
 
 /// Unpack `src` (written by [`pack`]) into a new sparse file `dst`.
 pub fn unpack(src: &Path, dst: &Path) -> std::io::Result<()> {
+    unpack_within(src, dst, MAX_SIZE)
+}
+
+/// [`unpack`] a file that may be at most `max` bytes (apparent size): a
+/// checkpoint's memory is exactly the size its manifest says.
+pub fn unpack_within(src: &Path, dst: &Path, max: u64) -> std::io::Result<()> {
     let f = File::open(src)?;
     let total = f.metadata()?.len();
     let mut r = BufReader::new(f);
@@ -117,8 +123,9 @@ pub fn unpack(src: &Path, dst: &Path) -> std::io::Result<()> {
     }
     let size = u64_at(&mut r).map_err(trunc)?;
     let count = u64_at(&mut r).map_err(trunc)?;
-    if size > MAX_SIZE {
-        return Err(bad(src, format!("size {size} is over {MAX_SIZE}")));
+    let max = max.min(MAX_SIZE);
+    if size > max {
+        return Err(bad(src, format!("size {size} is over {max}")));
     }
     if count > MAX_EXTENTS {
         return Err(bad(src, format!("{count} extents is over {MAX_EXTENTS}")));
@@ -221,6 +228,11 @@ mod tests {
         // The second extent starts before the first one ends.
         order[40..48].copy_from_slice(&0u64.to_le_bytes());
         cases.push(("out of order", order));
+        // A header that promises more than the caller allows.
+        std::fs::write(&packed, &good).unwrap();
+        let e = unpack_within(&packed, &back, (64 << 20) - 1).unwrap_err().to_string();
+        assert!(e.contains("is over 67108863"), "{e}");
+        unpack_within(&packed, &back, 64 << 20).unwrap();
         for (want, bytes) in cases {
             std::fs::write(&packed, &bytes).unwrap();
             let e = unpack(&packed, &back).unwrap_err().to_string();

@@ -76,6 +76,9 @@ impl From<ApiError> for SandboxError {
 /// A running burrow-vmm.
 pub struct Vmm {
     pub pid: u32,
+    /// A pidfd of the process, opened before anything could reap it:
+    /// signals through it never reach a process that reused the pid.
+    pidfd: Option<Arc<std::os::fd::OwnedFd>>,
     api: PathBuf,
     /// `Some(description)` once the process has exited.
     exited: watch::Receiver<Option<String>>,
@@ -115,6 +118,8 @@ impl Vmm {
             SandboxError::FailedPrecondition(format!("starting {}: {e}", launch.binary.display()))
         })?;
         let pid = child.id().unwrap_or(0);
+        // Before the wait below is spawned: the child cannot be reaped yet.
+        let pidfd = pidfd_open(pid).map(Arc::new);
         let (tx, rx) = watch::channel(None);
         let failure = Arc::new(Mutex::new(None));
         let log = log.to_path_buf();
@@ -136,9 +141,21 @@ impl Vmm {
         });
         Ok(Self {
             pid,
+            pidfd,
             api,
             exited: rx,
             failure,
+        })
+    }
+
+    /// Something that kills this VMM from anywhere (SIGKILL through its
+    /// pidfd; nothing once it is reaped).
+    pub fn killer(&self) -> super::lifecycle::Killer {
+        let pidfd = self.pidfd.clone();
+        super::lifecycle::Killer::new(move || {
+            if let Some(fd) = &pidfd {
+                pidfd_kill(fd);
+            }
         })
     }
 
@@ -247,10 +264,14 @@ impl Vmm {
 
     /// Kill it hard and wait (bounded) for it to go.
     pub async fn kill(&mut self) {
-        if self.pid != 0 && self.exit_reason().is_none() {
-            if let Ok(pid) = i32::try_from(self.pid) {
-                // SAFETY: plain kill(2) on our own child.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
+        if self.exit_reason().is_none() {
+            if let Some(fd) = &self.pidfd {
+                pidfd_kill(fd);
+            } else if let Ok(pid) = i32::try_from(self.pid) {
+                if pid > 0 {
+                    // SAFETY: plain kill(2) on our own child.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
             }
         }
         let _ = tokio::time::timeout(
@@ -259,6 +280,33 @@ impl Vmm {
         )
         .await;
     }
+}
+
+/// A pidfd for process `pid` (None for 0 or when the kernel has none).
+fn pidfd_open(pid: u32) -> Option<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    let pid = i32::try_from(pid).ok().filter(|&p| p > 0)?;
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor
+    // or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    let fd = i32::try_from(fd).ok().filter(|&fd| fd >= 0)?;
+    // SAFETY: the descriptor was just returned to us and nothing else owns it.
+    Some(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+/// SIGKILL through a pidfd (ESRCH once the process is gone: ignored).
+fn pidfd_kill(fd: &std::os::fd::OwnedFd) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: pidfd_send_signal reads its arguments; a null info is allowed.
+    unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            fd.as_raw_fd(),
+            libc::SIGKILL,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
 }
 
 /// Make `dir` (0700) and in it the two empty files a snapshot is written
@@ -531,7 +579,7 @@ mod tests {
             (req, nfds)
         });
         let (tx, exited) = watch::channel(None);
-        let vmm = Vmm { pid: 0, api, exited, failure: Arc::new(Mutex::new(None)) };
+        let vmm = Vmm { pid: 0, pidfd: None, api, exited, failure: Arc::new(Mutex::new(None)) };
         let target = dir.path().join("snap/vm-1");
         std::fs::create_dir(dir.path().join("snap")).expect("mkdir");
         vmm.snapshot(&target, true).await.expect("snapshot");

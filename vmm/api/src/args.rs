@@ -77,6 +77,19 @@ pub struct VmmArgs {
     /// snapshot), `--vsock` the recorded socket path.
     #[arg(long, conflicts_with_all = ["kernel", "initrd", "cmdline", "append", "vcpus", "mem_mib", "cid", "disk_slots"])]
     pub restore: Option<PathBuf>,
+    /// With `--restore`: the snapshot is untrusted and must be
+    /// self-contained: no base snapshot (incremental chain), no file
+    /// attached to a disk slot, no tap opened by its recorded name (pass
+    /// `--net`). Checked before anything it names is opened.
+    #[arg(long, requires = "restore")]
+    pub self_contained: bool,
+    /// With `--restore`: the snapshot must have exactly this many vCPUs.
+    #[arg(long, requires = "restore")]
+    pub expect_vcpus: Option<u8>,
+    /// With `--restore`: the snapshot must have exactly this much memory
+    /// (MiB), the size the caller checked against its limits.
+    #[arg(long = "expect-mem", requires = "restore")]
+    pub expect_mem_mib: Option<u64>,
     /// initramfs (newc cpio, optionally compressed as the kernel supports).
     #[arg(long)]
     pub initrd: Option<PathBuf>,
@@ -147,6 +160,9 @@ impl VmmArgs {
         Self {
             kernel: Some(kernel),
             restore: None,
+            self_contained: false,
+            expect_vcpus: None,
+            expect_mem_mib: None,
             initrd: None,
             cmdline: BASE_CMDLINE.into(),
             append: Vec::new(),
@@ -188,7 +204,15 @@ impl VmmArgs {
             a.push(value);
         };
         match &self.restore {
-            Some(dir) => flag("restore", dir.into()),
+            Some(dir) => {
+                flag("restore", dir.into());
+                if let Some(v) = self.expect_vcpus {
+                    flag("expect-vcpus", v.to_string().into());
+                }
+                if let Some(m) = self.expect_mem_mib {
+                    flag("expect-mem", m.to_string().into());
+                }
+            }
             None => {
                 if let Some(k) = &self.kernel {
                     flag("kernel", k.into());
@@ -231,6 +255,9 @@ impl VmmArgs {
         }
         if self.vcpu_kick_ms != 0 {
             flag("vcpu-kick-ms", self.vcpu_kick_ms.to_string().into());
+        }
+        if self.restore.is_some() && self.self_contained {
+            a.push("--self-contained".into());
         }
         if self.paused {
             a.push("--paused".into());
@@ -373,6 +400,9 @@ mod tests {
             vsock: Some("/s/v".into()),
             serial_log: Some("/s/c".into()),
             api: Some("/s/a".into()),
+            self_contained: true,
+            expect_vcpus: Some(2),
+            expect_mem_mib: Some(512),
             ..VmmArgs::restore("/snap/vm-3".into())
         };
         round_trip(&a);

@@ -7,3 +7,5 @@
 pub mod i8042;
 pub mod serial;
 pub mod virtio;
+#[cfg(test)]
+mod fuzz_tests;

@@ -179,6 +179,9 @@ fn vmm_rules() -> Result<Rules, SeccompError> {
             SYS_epoll_ctl,
             SYS_epoll_create1,
             SYS_eventfd2,
+            // the vsock muxer's expiry timer (devices/virtio/vsock/expiry.rs)
+            SYS_timerfd_create,
+            SYS_timerfd_settime,
             SYS_accept,
             SYS_accept4,
             SYS_connect,

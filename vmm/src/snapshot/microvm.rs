@@ -220,7 +220,18 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> RestoreError + '_ {
 /// Read and check `<dir>/state`, and check the memory files of its chain
 /// exist with the right sizes, all before anything is built.
 pub fn load(dir: &Path) -> Result<(MicrovmState, Vec<(PathBuf, MemoryState)>), RestoreError> {
+    load_expecting(dir, &super::untrusted::Expect::default())
+}
+
+/// [`load`], with the state checked against `expect` before any file it
+/// names (a base snapshot, a memory file) is opened.
+pub fn load_expecting(
+    dir: &Path,
+    expect: &super::untrusted::Expect,
+) -> Result<(MicrovmState, Vec<(PathBuf, MemoryState)>), RestoreError> {
     let state: MicrovmState = read_state_file(&dir.join(STATE_FILE))?;
+    // What the caller expects first: its message is the clearer one.
+    super::untrusted::check(&state, expect).map_err(RestoreError::Invalid)?;
     validate(&state)?;
     let chain = memory_chain(dir, &state)?;
     Ok((state, chain))

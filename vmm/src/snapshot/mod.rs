@@ -6,6 +6,9 @@ pub mod format;
 pub mod kvm_serde;
 pub mod memory;
 pub mod microvm;
+pub mod untrusted;
+#[cfg(test)]
+mod fuzz_tests;
 pub mod vcpu;
 pub mod vm;
 #[cfg(test)]

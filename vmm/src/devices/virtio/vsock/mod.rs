@@ -11,6 +11,7 @@
 //! credit scheme (buf_alloc / fwd_cnt).
 
 mod device;
+mod expiry;
 mod muxer;
 pub mod packet;
 pub mod persist;

@@ -7,9 +7,11 @@ use std::num::Wrapping;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 
+use super::expiry::Expiry;
 use super::packet::*;
 use super::HOST_CID;
 
@@ -22,6 +24,7 @@ const MAX_CONNS: usize = 1024;
 const MAX_CTRL_QUEUE: usize = 4096;
 const MAX_CONNECT_LINE: usize = 64;
 const LISTENER_TOKEN: u64 = 0;
+const EXPIRY_TOKEN: u64 = u64::MAX;
 const FIRST_LOCAL_PORT: u32 = 1 << 30;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +56,9 @@ pub(crate) struct Conn {
     readable: bool,
     guest_shut_send: bool,
     guest_shut_rcv: bool,
+    /// While it waits on the guest (its RESPONSE, or its RST after the
+    /// host closed): dropped past this.
+    deadline: Option<Instant>,
 }
 
 impl Conn {
@@ -72,6 +78,7 @@ impl Conn {
             readable: false,
             guest_shut_send: false,
             guest_shut_rcv: false,
+            deadline: None,
         }
     }
 
@@ -92,6 +99,8 @@ impl Conn {
 struct PendingHost {
     stream: UnixStream,
     line: Vec<u8>,
+    /// Its CONNECT line must come before this.
+    deadline: Instant,
 }
 
 pub(crate) struct Muxer {
@@ -106,6 +115,7 @@ pub(crate) struct Muxer {
     ctrl: VecDeque<Header>,
     next_token: u64,
     next_local_port: u32,
+    expiry: Expiry,
     pub errors: u64,
 }
 
@@ -123,6 +133,12 @@ impl Muxer {
             listener.as_raw_fd(),
             EpollEvent::new(EventSet::IN, LISTENER_TOKEN),
         )?;
+        let expiry = Expiry::new()?;
+        epoll.ctl(
+            ControlOperation::Add,
+            expiry.fd(),
+            EpollEvent::new(EventSet::IN, EXPIRY_TOKEN),
+        )?;
         Ok(Self {
             guest_cid,
             uds_path: uds_path.to_path_buf(),
@@ -135,6 +151,7 @@ impl Muxer {
             ctrl: VecDeque::new(),
             next_token: 1,
             next_local_port: FIRST_LOCAL_PORT,
+            expiry,
             errors: 0,
         })
     }
@@ -150,6 +167,40 @@ impl Muxer {
     #[cfg(test)]
     pub fn connection_count(&self) -> usize {
         self.conns.len()
+    }
+
+    #[cfg(test)]
+    pub fn pending_count(&self) -> usize {
+        self.pending.len()
+    }
+
+    #[cfg(test)]
+    pub fn set_wait_limit(&mut self, limit: std::time::Duration) {
+        self.expiry.limit = limit;
+    }
+
+    /// Drop what waited past its deadline on the other side: a host
+    /// connection without its CONNECT line (closed), a host CONNECT the
+    /// guest did not answer, a host-closed connection the guest did not
+    /// reset (both reset, so the guest forgets them too).
+    fn expire(&mut self) {
+        self.expiry.fired();
+        let now = Instant::now();
+        let late: Vec<u64> = self.pending.iter().filter(|(_, p)| p.deadline <= now).map(|(t, _)| *t).collect();
+        for token in late {
+            tracing::debug!("vsock: a host connection sent no CONNECT line in time; closing it");
+            self.drop_pending(token);
+        }
+        let late: Vec<u64> =
+            self.conns.iter().filter(|(_, c)| c.deadline.is_some_and(|d| d <= now)).map(|(t, _)| *t).collect();
+        for token in late {
+            if let Some(c) = self.conns.get(&token) {
+                tracing::debug!("vsock: port {} waited on the guest too long ({:?}); reset", c.peer_port, c.state);
+            }
+            self.reset(token);
+        }
+        let next = self.pending.values().map(|p| p.deadline).chain(self.conns.values().filter_map(|c| c.deadline)).min();
+        self.expiry.rearm(next);
     }
 
     fn header(&self, local_port: u32, peer_port: u32, op: u16) -> Header {
@@ -280,6 +331,7 @@ impl Muxer {
                     Ok(n) if n == line.len() => {
                         c.state = ConnState::Established;
                         c.readable = true;
+                        c.deadline = None;
                     }
                     _ => self.reset(token),
                 }
@@ -397,6 +449,8 @@ impl Muxer {
                 let set = ev.event_set();
                 if token == LISTENER_TOKEN {
                     self.accept();
+                } else if token == EXPIRY_TOKEN {
+                    self.expire();
                 } else if self.pending.contains_key(&token) {
                     self.read_connect_line(token);
                 } else if let Some(c) = self.conns.get_mut(&token) {
@@ -431,7 +485,8 @@ impl Muxer {
                     {
                         continue;
                     }
-                    self.pending.insert(token, PendingHost { stream, line: Vec::new() });
+                    let deadline = self.expiry.deadline();
+                    self.pending.insert(token, PendingHost { stream, line: Vec::new(), deadline });
                     // The CONNECT line may already be there.
                     self.read_connect_line(token);
                 }
@@ -512,6 +567,7 @@ impl Muxer {
         };
         let mut c = Conn::new(p.stream, local, port, ConnState::HostConnecting);
         c.pending_in = p.line.get(nl + 1..).map(<[u8]>::to_vec).unwrap_or_default();
+        c.deadline = Some(self.expiry.deadline());
         self.insert_conn(token, c);
         self.conn_ctrl(token, OP_REQUEST, 0);
     }
@@ -555,6 +611,7 @@ impl Muxer {
                         // Host closed: tell the guest, wait for its RST.
                         c.readable = false;
                         c.state = ConnState::Closing;
+                        c.deadline = Some(self.expiry.deadline());
                         self.conn_ctrl(token, OP_SHUTDOWN, SHUTDOWN_RCV | SHUTDOWN_SEND);
                         return self.ctrl.pop_front().map(|h| (h, 0));
                     }

@@ -274,3 +274,123 @@ fn reserved_cids_are_refused() {
     assert!(Vsock::new(2, &dir.join("x")).is_err());
     assert!(Vsock::new(1 << 40, &dir.join("x")).is_err());
 }
+
+/// Host CONNECT, the guest answers; returns the host stream and its local port.
+fn established(g: &mut Guest, port: u32) -> (UnixStream, u32) {
+    let mut host = UnixStream::connect(g.dir.join("v.sock")).unwrap();
+    host.write_all(format!("CONNECT {port}\n").as_bytes()).unwrap();
+    let local = g.pump()[0].0.src_port;
+    g.send(g.hdr(port, local, OP_RESPONSE), &[]);
+    read_exact_timeout(&mut host, format!("OK {local}\n").len());
+    (host, local)
+}
+
+fn assert_eof(s: &mut UnixStream, what: &str) {
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = [0u8; 8];
+    assert_eq!(s.read(&mut buf).unwrap_or(0), 0, "{what}: the host side is not closed");
+}
+
+#[test]
+fn connections_waiting_on_their_peer_expire_and_live_ones_stay() {
+    let mut g = guest("expire");
+    let limit = Duration::from_millis(200);
+    g.vsock.muxer.set_wait_limit(limit);
+    // A host client that never sends its CONNECT line.
+    let mut silent = UnixStream::connect(g.dir.join("v.sock")).unwrap();
+    // A host CONNECT the guest never answers.
+    let mut unanswered = UnixStream::connect(g.dir.join("v.sock")).unwrap();
+    unanswered.write_all(b"CONNECT 1024\n").unwrap();
+    let req = g.pump();
+    assert_eq!(req[0].0.op, OP_REQUEST);
+    let unanswered_port = req[0].0.src_port;
+    // A connection the host closed; the guest never sends its RST.
+    let (closing, closing_port) = established(&mut g, 1025);
+    drop(closing);
+    assert_eq!(g.pump()[0].0.op, OP_SHUTDOWN);
+    // A live one, and a half-closed one the guest still reads from.
+    let (mut live, live_port) = established(&mut g, 1026);
+    std::thread::sleep(limit * 2);
+    let mut rst = Vec::new();
+    for _ in 0..10 {
+        rst.extend(g.pump().into_iter().filter(|p| p.0.op == OP_RST).map(|p| p.0.src_port));
+        if rst.len() >= 2 {
+            break;
+        }
+    }
+    rst.sort_unstable();
+    let mut want = vec![unanswered_port, closing_port];
+    want.sort_unstable();
+    assert_eq!(rst, want, "the guest is told both are gone");
+    assert_eq!(g.vsock.muxer.pending_count(), 0);
+    assert_eq!(g.vsock.muxer.connection_count(), 1, "only the live connection is left");
+    assert_eof(&mut silent, "no CONNECT line");
+    assert_eof(&mut unanswered, "unanswered CONNECT");
+    // The live connection still carries data, both ways.
+    live.write_all(b"still").unwrap();
+    let pkts = g.pump();
+    assert_eq!((pkts[0].0.op, pkts[0].1.as_slice()), (OP_RW, &b"still"[..]));
+    g.send(g.hdr(1026, live_port, OP_RW), b"here");
+    assert_eq!(read_exact_timeout(&mut live, 4), b"here");
+}
+
+/// Random guest packets (ops, ports near the live connections, credit
+/// fields, data) interleaved with host writes, reads and closes, over live
+/// host connections: no panic, the table stays bounded, and a connection
+/// made afterwards still works.
+#[test]
+fn random_packets_over_live_connections_never_panic() {
+    let mut g = guest("random");
+    let mut rng = fastrand::Rng::with_seed(0x5eed_0019);
+    let listener = UnixListener::bind(g.dir.join("v.sock_5000")).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let mut hosts: Vec<(UnixStream, u32, u32)> = Vec::new();
+    for round in 0..2000 {
+        if hosts.len() < 4 && rng.u8(0..8) == 0 {
+            let port = 1024 + rng.u32(0..4);
+            let (h, local) = established(&mut g, port);
+            h.set_nonblocking(true).unwrap();
+            hosts.push((h, port, local));
+        }
+        let (src, dst) = match hosts.get(rng.usize(0..hosts.len().max(1))) {
+            Some((_, port, local)) if rng.bool() => (*port, *local),
+            _ => (rng.u32(0..8) + 40000, if rng.bool() { 5000 } else { rng.u32(..) }),
+        };
+        let mut h = g.hdr(src, dst, rng.u16(0..9));
+        h.flags = rng.u32(0..4);
+        h.buf_alloc = [0, 1, 4096, 65536, u32::MAX][rng.usize(0..5)];
+        h.fwd_cnt = rng.u32(..);
+        if rng.u8(0..10) == 0 {
+            h.src_cid = rng.u64(..);
+        }
+        let data: Vec<u8> = (0..[0usize, 1, 100, 4000][rng.usize(0..4)]).map(|_| rng.u8(..)).collect();
+        g.send(h, &data);
+        if !hosts.is_empty() {
+            let i = rng.usize(0..hosts.len());
+            match rng.u8(0..4) {
+                0 => {
+                    let _ = hosts[i].0.write(&[b'x'; 100]);
+                }
+                1 => {
+                    let mut buf = [0u8; 4096];
+                    let _ = hosts[i].0.read(&mut buf);
+                }
+                2 if rng.u8(0..8) == 0 => {
+                    hosts.swap_remove(i);
+                }
+                _ => {}
+            }
+        }
+        while let Ok((s, _)) = listener.accept() {
+            drop(s);
+        }
+        g.vsock.process_backend().unwrap();
+        g.take_rx();
+        assert!(g.vsock.muxer.connection_count() <= 1024, "round {round}");
+    }
+    drop(hosts);
+    let (mut h, local) = established(&mut g, 7777);
+    h.write_all(b"after").unwrap();
+    let got = g.pump();
+    assert!(got.iter().any(|p| p.0.op == OP_RW && p.1 == b"after" && p.0.src_port == local), "{:?}", got.len());
+}

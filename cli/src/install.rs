@@ -15,10 +15,12 @@ use crate::containerd_config;
 /// Host binaries `burrow install` puts on the PATH.
 pub const BINARIES: [&str; 3] = ["containerd-shim-burrow-v2", "burrow-vmm", "burrow"];
 
-/// Guest assets: (script in the source tree, installed name under lib_dir).
-pub const ASSETS: [(&str, &str); 2] = [
-    ("guest-kernel/build", "kernel/vmlinux"),
-    ("rootfs/build", "images/guest-initrd.img"),
+/// Guest assets: (script in the source tree, its arguments, installed name
+/// under lib_dir). The agent is packed from cargo's release profile: the
+/// debug build is several times slower in a guest, and the tests use it.
+pub const ASSETS: [(&str, &[&str], &str); 2] = [
+    ("guest-kernel/build", &[], "kernel/vmlinux"),
+    ("rootfs/build", &["--release"], "images/guest-initrd.img"),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -137,9 +139,14 @@ fn put(dst: &Path, bytes: &[u8], mode: u32) -> Result<Change, InstallError> {
 }
 
 /// Run an asset build script; its last stdout line is the built file.
-fn build_asset(script: &Path) -> Result<PathBuf, InstallError> {
-    eprintln!("burrow install: running {}", script.display());
+fn build_asset(script: &Path, args: &[&str]) -> Result<PathBuf, InstallError> {
+    eprintln!(
+        "burrow install: running {} {}",
+        script.display(),
+        args.join(" ")
+    );
     let out = Command::new(script)
+        .args(args)
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())
         .output()
@@ -173,8 +180,8 @@ pub fn default_config(layout: &Layout) -> String {
          kernel = \"{}\"\n\
          initrd = \"{}\"\n",
         layout.bin_dir.join("burrow-vmm").display(),
-        layout.lib_dir.join(ASSETS[0].1).display(),
-        layout.lib_dir.join(ASSETS[1].1).display(),
+        layout.lib_dir.join(ASSETS[0].2).display(),
+        layout.lib_dir.join(ASSETS[1].2).display(),
     )
 }
 
@@ -189,8 +196,8 @@ pub fn install(layout: &Layout) -> Result<Vec<Change>, InstallError> {
         let bytes = fs::read(&src).map_err(io(&src))?;
         changes.push(put(&layout.bin_dir.join(name), &bytes, 0o755)?);
     }
-    for (script, installed) in ASSETS {
-        let built = build_asset(&layout.source.join(script))?;
+    for (script, args, installed) in ASSETS {
+        let built = build_asset(&layout.source.join(script), args)?;
         let bytes = fs::read(&built).map_err(io(&built))?;
         changes.push(put(&layout.lib_dir.join(installed), &bytes, 0o644)?);
     }
@@ -227,14 +234,18 @@ mod tests {
 
     fn fake_tree(root: &Path) -> Layout {
         let source = root.join("src");
-        for (script, _) in ASSETS {
+        for (script, _, _) in ASSETS {
             let path = source.join(script);
             fs::create_dir_all(path.parent().unwrap()).unwrap();
             let built = root.join(format!("built-{}", script.replace('/', "-")));
             fs::write(&built, script.as_bytes()).unwrap();
+            // Each script records the arguments it was given.
             fs::write(
                 &path,
-                format!("#!/bin/sh\necho progress >&2\necho {}\n", built.display()),
+                format!(
+                    "#!/bin/sh\necho progress >&2\necho \"$*\" > {0}.args\necho {0}\n",
+                    built.display()
+                ),
             )
             .unwrap();
             fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
@@ -259,16 +270,35 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let layout = fake_tree(dir.path());
         let first = install(&layout).unwrap();
-        assert!(first.iter().all(|c| matches!(c, Change::Installed(_))), "{first:?}");
+        assert!(
+            first.iter().all(|c| matches!(c, Change::Installed(_))),
+            "{first:?}"
+        );
         assert_eq!(first.len(), BINARIES.len() + ASSETS.len() + 2);
         let shim = layout.bin_dir.join("containerd-shim-burrow-v2");
-        assert_eq!(fs::metadata(&shim).unwrap().permissions().mode() & 0o777, 0o755);
+        assert_eq!(
+            fs::metadata(&shim).unwrap().permissions().mode() & 0o777,
+            0o755
+        );
         let cfg = fs::read_to_string(&layout.containerd_config).unwrap();
         assert!(cfg.contains("io.containerd.burrow.v2"));
-        assert!(fs::read_to_string(&layout.burrow_config).unwrap().contains("vmlinux"));
+        assert!(fs::read_to_string(&layout.burrow_config)
+            .unwrap()
+            .contains("vmlinux"));
+        let args =
+            |s: &str| fs::read_to_string(dir.path().join(format!("built-{s}.args"))).unwrap();
+        assert_eq!(
+            args("rootfs-build").trim(),
+            "--release",
+            "the release agent"
+        );
+        assert_eq!(args("guest-kernel-build").trim(), "");
 
         let second = install(&layout).unwrap();
-        assert!(second.iter().all(|c| matches!(c, Change::Unchanged(_))), "{second:?}");
+        assert!(
+            second.iter().all(|c| matches!(c, Change::Unchanged(_))),
+            "{second:?}"
+        );
 
         fs::write(layout.built_bins.join("burrow-vmm"), b"new build").unwrap();
         let third = install(&layout).unwrap();
@@ -284,7 +314,10 @@ mod tests {
         let cfg = burrow_shim::config::Config::parse(&text, "config.toml")
             .unwrap_or_else(|e| panic!("the shim refuses what install wrote: {e}\n{text}"));
         assert_eq!(cfg.kernel, layout.lib_dir.join("kernel/vmlinux"));
-        assert_eq!(cfg.initrd, Some(layout.lib_dir.join("images/guest-initrd.img")));
+        assert_eq!(
+            cfg.initrd,
+            Some(layout.lib_dir.join("images/guest-initrd.img"))
+        );
         assert_eq!(cfg.vmm_binary(), layout.bin_dir.join("burrow-vmm"));
     }
 
@@ -301,7 +334,11 @@ mod tests {
         let err = install(&layout).unwrap_err();
         assert!(err.to_string().contains("rootfs/build failed"), "{err}");
 
-        fs::write(layout.source.join("rootfs/build"), "#!/bin/sh\necho /nonexistent\n").unwrap();
+        fs::write(
+            layout.source.join("rootfs/build"),
+            "#!/bin/sh\necho /nonexistent\n",
+        )
+        .unwrap();
         let err = install(&layout).unwrap_err();
         assert!(err.to_string().contains("/nonexistent"), "{err}");
     }
@@ -314,6 +351,9 @@ mod tests {
         fs::write(&layout.containerd_config, "[plugins").unwrap();
         let err = install(&layout).unwrap_err();
         assert!(err.to_string().contains("not valid TOML"), "{err}");
-        assert_eq!(fs::read_to_string(&layout.containerd_config).unwrap(), "[plugins");
+        assert_eq!(
+            fs::read_to_string(&layout.containerd_config).unwrap(),
+            "[plugins"
+        );
     }
 }

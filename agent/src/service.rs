@@ -29,6 +29,8 @@ pub struct AgentService {
     pid1: bool,
     started: Instant,
     browser: Arc<crate::browser::Browser>,
+    /// The last SetIdentity's machine id and VM generation.
+    identity: Mutex<(String, u64)>,
 }
 
 type TResult<T> = ttrpc::Result<T>;
@@ -44,6 +46,7 @@ impl AgentService {
             pid1,
             started: Instant::now(),
             browser,
+            identity: Mutex::new((String::new(), 0)),
         }
     }
 
@@ -337,6 +340,9 @@ impl burrow_protocol::Agent for AgentService {
         r.pid1 = self.pid1;
         r.uptime_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
         r.oom_kills = crate::init::oom_kills().unwrap_or(0);
+        let identity = self.identity.lock().unwrap_or_else(|p| p.into_inner());
+        r.machine_id = identity.0.clone();
+        r.vm_generation = identity.1;
         Ok(r)
     }
 
@@ -375,6 +381,15 @@ impl burrow_protocol::Agent for AgentService {
         }
         // In test mode the agent runs in a UTS namespace of its own.
         nix::unistd::sethostname(&req.hostname).map_err(|e| AgentError::os("sethostname", e))?;
+        Ok(empty())
+    }
+
+    async fn set_identity(&self, _ctx: &TtrpcContext, req: SetIdentityRequest) -> TResult<Empty> {
+        self.require_pid1("setting the machine id")?;
+        crate::init::set_machine_id(&req.machine_id)?;
+        *self.identity.lock().unwrap_or_else(|p| p.into_inner()) =
+            (req.machine_id.clone(), req.vm_generation);
+        tracing::info!(generation = req.vm_generation, "identity set");
         Ok(empty())
     }
 

@@ -154,3 +154,91 @@ fn containers_from_a_template_start_warm_and_are_each_their_own() {
     drop(c);
     let _ = std::fs::remove_dir_all(&inputs);
 }
+
+/// `/tmp/count` in container `id`: the counter its loop writes every second.
+fn count(c: &Containerd, id: &str, exec_id: &str) -> u64 {
+    let out = c.exec_ok(id, exec_id, &["cat", "/tmp/count"]);
+    out.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{id}: /tmp/count is {out:?}"))
+}
+
+#[test]
+fn a_forked_sandbox_continues_in_three_independent_copies() {
+    let c = Containerd::start("fork", NESTED_CONFIG);
+    let counter = "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 1; done";
+    let r = c.ctr(&run(&["-d"], "src", &["sh", "-c", counter]));
+    assert_eq!(r.code, Some(0), "{r:?}\n{}", c.diagnostics());
+    c.wait_status("src", "RUNNING", Duration::from_secs(300));
+    let mut before = 0;
+    for _ in 0..120 {
+        let r = c.ctr(&[
+            "task",
+            "exec",
+            "--exec-id",
+            "c0",
+            "src",
+            "cat",
+            "/tmp/count",
+        ]);
+        if let Ok(v) = r.stdout.trim().parse::<u64>() {
+            before = v;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(
+        before > 0,
+        "the source's counter never ran\n{}",
+        c.diagnostics()
+    );
+    c.exec_ok("src", "mark", &["sh", "-c", "echo source > /marker"]);
+
+    let socket = c.socket().display().to_string();
+    let f = c.burrow(&["sandbox", "fork", "--address", &socket, "src", "3"]);
+    assert_eq!(f.code, Some(0), "{f:?}\n{}", c.diagnostics());
+    let copies: Vec<&str> = f.stdout.lines().collect();
+    assert_eq!(copies, ["src-fork-1", "src-fork-2", "src-fork-3"], "{f:?}");
+    let mut first = Vec::new();
+    for id in &copies {
+        c.wait_status(id, "RUNNING", Duration::from_secs(300));
+        // The copy holds what the source wrote before the fork, and its
+        // counter continues from the source's value (it did not restart).
+        let marker = c.exec_ok(id, "m1", &["cat", "/marker"]);
+        assert_eq!(marker.trim(), "source", "{id}");
+        let v = count(&c, id, "c1");
+        assert!(
+            v >= before,
+            "{id}: counter {v} is behind the source's {before}"
+        );
+        first.push(v);
+        c.exec_ok(id, "w", &["sh", "-c", &format!("echo {id} > /marker")]);
+    }
+    // Each copy's write is its own: the others and the source keep theirs.
+    for id in &copies {
+        assert_eq!(c.exec_ok(id, "m2", &["cat", "/marker"]).trim(), *id);
+    }
+    assert_eq!(c.exec_ok("src", "m2", &["cat", "/marker"]).trim(), "source");
+
+    // Killing the source leaves the copies running, their counters going.
+    assert_eq!(
+        c.ctr(&["task", "kill", "-s", "SIGKILL", "src"]).code,
+        Some(0)
+    );
+    c.wait_status("src", "STOPPED", Duration::from_secs(120));
+    assert_eq!(c.ctr(&["task", "rm", "src"]).code, Some(0));
+    std::thread::sleep(Duration::from_secs(3));
+    for (id, v0) in copies.iter().zip(&first) {
+        assert_eq!(c.task_status(id).as_deref(), Some("RUNNING"), "{id}");
+        let v = count(&c, id, "c2");
+        assert!(v > *v0, "{id}: counter stuck at {v} (was {v0})");
+    }
+    for id in &copies {
+        assert_eq!(c.ctr(&["task", "kill", "-s", "SIGKILL", id]).code, Some(0));
+        c.wait_status(id, "STOPPED", Duration::from_secs(120));
+        assert_eq!(c.ctr(&["task", "rm", id]).code, Some(0));
+        assert_eq!(c.ctr(&["container", "rm", id]).code, Some(0));
+    }
+    assert_eq!(c.ctr(&["container", "rm", "src"]).code, Some(0));
+    c.assert_clean(CLEAN);
+}

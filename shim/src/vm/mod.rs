@@ -400,13 +400,15 @@ impl VmSandbox {
                 Ok((pid, t.elapsed().as_millis()))
             })
             .await?;
-        tracing::info!(
-            "{}: created in {} ms: root filesystem {} ms, VM to agent ready {} ms, container in the guest {} ms",
-            c.id,
-            started.elapsed().as_millis(),
-            rootfs_ms,
-            booting.elapsed().as_millis().saturating_sub(guest_ms),
-            guest_ms
+        self.record_phases(
+            &c.id,
+            &format!(
+                "created in {} ms: root filesystem {} ms, VM to agent ready {} ms, identity and container in the guest {} ms",
+                started.elapsed().as_millis(),
+                rootfs_ms,
+                booting.elapsed().as_millis().saturating_sub(guest_ms),
+                guest_ms
+            ),
         );
         Ok(pid)
     }
@@ -419,6 +421,7 @@ impl VmSandbox {
         } else {
             intake::Origin::Containerd
         };
+        let started = Instant::now();
         let files = intake::take(dir, &manifest, cfg, origin)?;
         std::fs::create_dir_all(&self.dir)
             .map_err(|e| SandboxError::Internal(format!("creating {}: {e}", self.dir.display())))?;
@@ -439,6 +442,7 @@ impl VmSandbox {
         );
         let unpacked = self.path("restore-vm");
         let vm_dir = checkpoint::prepare_restore(dir, &manifest, &files, &img, &unpacked).await?;
+        let disk_ms = started.elapsed().as_millis();
         let args = self.vmm_args(
             cfg,
             Some((img, manifest.rootfs_read_only)),
@@ -455,9 +459,13 @@ impl VmSandbox {
             args.describe()
         );
         let guest_id = &manifest.container_id;
+        let host = template::hostname(&self.sandbox_id());
+        let generation = self.vm_generation();
         let r = self
             .vm
             .start(args, |agent| async move {
+                // Every copy of one checkpoint (a fork) is its own guest.
+                template::identity(&agent, &host, generation).await?;
                 let procs = agent.processes(guest_id).await?;
                 procs
                     .iter()
@@ -472,6 +480,16 @@ impl VmSandbox {
             .await;
         if manifest.packed {
             let _ = std::fs::remove_dir_all(&unpacked);
+        }
+        if r.is_ok() {
+            self.record_phases(
+                &c.id,
+                &format!(
+                    "restored from a checkpoint in {} ms: disk and memory files {disk_ms} ms, VM to agent ready and identity {} ms",
+                    started.elapsed().as_millis(),
+                    started.elapsed().as_millis().saturating_sub(disk_ms)
+                ),
+            );
         }
         r
     }

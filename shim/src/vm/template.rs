@@ -260,13 +260,15 @@ impl VmSandbox {
             }
             built?
         };
-        tracing::info!(
-            "{}: created from a template ({from}) in {} ms: root filesystem {} ms, VM to agent ready {} ms, identity, slot and container in the guest {} ms",
-            c.id,
-            started.elapsed().as_millis(),
-            rootfs_ms,
-            booting.elapsed().as_millis().saturating_sub(guest_ms),
-            guest_ms
+        self.record_phases(
+            &c.id,
+            &format!(
+                "created from a template ({from}) in {} ms: root filesystem {} ms, VM to agent ready {} ms, identity, slot and container in the guest {} ms",
+                started.elapsed().as_millis(),
+                rootfs_ms,
+                booting.elapsed().as_millis().saturating_sub(guest_ms),
+                guest_ms
+            ),
         );
         Ok(pid)
     }
@@ -306,6 +308,16 @@ impl VmSandbox {
                 let _ = std::fs::remove_dir_all(&build);
                 Err(e)
             }
+        }
+    }
+
+    /// Say where container `id`'s start spent its time: at info, and in
+    /// the state directory's phases file for `burrow sandbox ls -v`.
+    pub(super) fn record_phases(&self, id: &str, text: &str) {
+        tracing::info!("{id}: {text}");
+        let file = self.path(burrow_vmm_api::sandbox_control::PHASES_FILE);
+        if let Err(e) = std::fs::write(&file, format!("{text}\n")) {
+            tracing::debug!("writing {}: {e}", file.display());
         }
     }
 

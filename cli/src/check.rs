@@ -72,6 +72,7 @@ impl Facts {
     }
 }
 
+
 /// The human report for a host.
 pub fn report(facts: &Facts) -> String {
     let kind = facts.classify();
@@ -82,10 +83,7 @@ pub fn report(facts: &Facts) -> String {
         "CPU virtualization:     {}\n",
         facts.cpu_flag.unwrap_or("none (no vmx/svm flag)")
     ));
-    out.push_str(&format!(
-        "kvm_pvm module loaded:  {}\n",
-        yes(facts.pvm_module)
-    ));
+    out.push_str(&format!("kvm_pvm module loaded:  {}\n", yes(facts.pvm_module)));
     let guest = match &facts.tiny_guest {
         None => "not tried (no /dev/kvm)".to_string(),
         Some(Ok(o)) => format!("ran (wrote {:#x}, {} exits)", o.byte, o.exits),
@@ -129,6 +127,7 @@ mod tests {
             exits: 2,
         }))
     }
+
 
     #[test]
     fn classifies_the_three_hosts() {

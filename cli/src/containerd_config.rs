@@ -63,9 +63,10 @@ pub fn register(text: &str) -> Result<(String, bool), ConfigError> {
         table["runtime_type"] = value(RUNTIME_TYPE);
     }
     for key in ["pod_annotations", "container_annotations"] {
-        let wanted = table.get(key).and_then(Item::as_array).is_some_and(|a| {
-            a.len() == 1 && a.get(0).and_then(|v| v.as_str()) == Some(ANNOTATIONS)
-        });
+        let wanted = table
+            .get(key)
+            .and_then(Item::as_array)
+            .is_some_and(|a| a.len() == 1 && a.get(0).and_then(|v| v.as_str()) == Some(ANNOTATIONS));
         if !wanted {
             let mut list = Array::new();
             list.push(ANNOTATIONS);
@@ -118,8 +119,7 @@ mod tests {
         assert_eq!(doc["version"].as_integer(), Some(2));
         let (out, _) = register("version = 3\n").unwrap();
         let doc: toml::Table = toml::from_str(&out).unwrap();
-        let rt =
-            &doc["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]["burrow"];
+        let rt = &doc["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]["burrow"];
         assert_eq!(rt["runtime_type"].as_str(), Some(RUNTIME_TYPE));
     }
 

@@ -259,27 +259,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let layout = fake_tree(dir.path());
         let first = install(&layout).unwrap();
-        assert!(
-            first.iter().all(|c| matches!(c, Change::Installed(_))),
-            "{first:?}"
-        );
+        assert!(first.iter().all(|c| matches!(c, Change::Installed(_))), "{first:?}");
         assert_eq!(first.len(), BINARIES.len() + ASSETS.len() + 2);
         let shim = layout.bin_dir.join("containerd-shim-burrow-v2");
-        assert_eq!(
-            fs::metadata(&shim).unwrap().permissions().mode() & 0o777,
-            0o755
-        );
+        assert_eq!(fs::metadata(&shim).unwrap().permissions().mode() & 0o777, 0o755);
         let cfg = fs::read_to_string(&layout.containerd_config).unwrap();
         assert!(cfg.contains("io.containerd.burrow.v2"));
-        assert!(fs::read_to_string(&layout.burrow_config)
-            .unwrap()
-            .contains("vmlinux"));
+        assert!(fs::read_to_string(&layout.burrow_config).unwrap().contains("vmlinux"));
 
         let second = install(&layout).unwrap();
-        assert!(
-            second.iter().all(|c| matches!(c, Change::Unchanged(_))),
-            "{second:?}"
-        );
+        assert!(second.iter().all(|c| matches!(c, Change::Unchanged(_))), "{second:?}");
 
         fs::write(layout.built_bins.join("burrow-vmm"), b"new build").unwrap();
         let third = install(&layout).unwrap();
@@ -295,10 +284,7 @@ mod tests {
         let cfg = burrow_shim::config::Config::parse(&text, "config.toml")
             .unwrap_or_else(|e| panic!("the shim refuses what install wrote: {e}\n{text}"));
         assert_eq!(cfg.kernel, layout.lib_dir.join("kernel/vmlinux"));
-        assert_eq!(
-            cfg.initrd,
-            Some(layout.lib_dir.join("images/guest-initrd.img"))
-        );
+        assert_eq!(cfg.initrd, Some(layout.lib_dir.join("images/guest-initrd.img")));
         assert_eq!(cfg.vmm_binary(), layout.bin_dir.join("burrow-vmm"));
     }
 
@@ -315,11 +301,7 @@ mod tests {
         let err = install(&layout).unwrap_err();
         assert!(err.to_string().contains("rootfs/build failed"), "{err}");
 
-        fs::write(
-            layout.source.join("rootfs/build"),
-            "#!/bin/sh\necho /nonexistent\n",
-        )
-        .unwrap();
+        fs::write(layout.source.join("rootfs/build"), "#!/bin/sh\necho /nonexistent\n").unwrap();
         let err = install(&layout).unwrap_err();
         assert!(err.to_string().contains("/nonexistent"), "{err}");
     }
@@ -332,9 +314,6 @@ mod tests {
         fs::write(&layout.containerd_config, "[plugins").unwrap();
         let err = install(&layout).unwrap_err();
         assert!(err.to_string().contains("not valid TOML"), "{err}");
-        assert_eq!(
-            fs::read_to_string(&layout.containerd_config).unwrap(),
-            "[plugins"
-        );
+        assert_eq!(fs::read_to_string(&layout.containerd_config).unwrap(), "[plugins");
     }
 }

@@ -46,21 +46,12 @@ fn testhost() -> Command {
 fn command_output_and_status_come_back() {
     let _turn = turn();
     let out = testhost()
-        .args([
-            "--",
-            "sh",
-            "-c",
-            "echo out; echo err >&2; test -c /dev/kvm && grep -qw svm /proc/cpuinfo && exit 7",
-        ])
+        .args(["--", "sh", "-c", "echo out; echo err >&2; test -c /dev/kvm && grep -qw svm /proc/cpuinfo && exit 7"])
         .output()
         .expect("run hack/testhost");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = stderr_of(&out);
-    assert_eq!(
-        out.status.code(),
-        Some(7),
-        "stdout: {stdout}\nstderr: {stderr}"
-    );
+    assert_eq!(out.status.code(), Some(7), "stdout: {stdout}\nstderr: {stderr}");
     assert_eq!(stdout, "out\n");
     assert!(stderr.starts_with("err\n"), "stderr: {stderr}");
 }
@@ -79,11 +70,7 @@ fn a_hung_test_host_is_killed_at_its_timeout() {
     let stderr = stderr_of(&out);
     assert_eq!(out.status.code(), Some(124), "stderr: {stderr}");
     assert!(stderr.contains("timed out after 20s"), "stderr: {stderr}");
-    assert!(
-        start.elapsed() < Duration::from_secs(60),
-        "took {:?}",
-        start.elapsed()
-    );
+    assert!(start.elapsed() < Duration::from_secs(60), "took {:?}", start.elapsed());
 }
 
 #[test]
@@ -96,10 +83,7 @@ fn a_missing_kernel_is_refused_with_what_to_do() {
         .expect("run hack/testhost");
     let stderr = stderr_of(&out);
     assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
-    assert!(
-        stderr.contains("hack/testhost --prepare"),
-        "stderr: {stderr}"
-    );
+    assert!(stderr.contains("hack/testhost --prepare"), "stderr: {stderr}");
 }
 
 /// hack/run-vm-binary with its logs and retry record in a fresh directory.
@@ -107,11 +91,7 @@ fn run_vm_binary(dir: &std::path::Path, script: &str) -> std::process::Output {
     run_vm_binary_with(dir, script, &[])
 }
 
-fn run_vm_binary_with(
-    dir: &std::path::Path,
-    script: &str,
-    env: &[(&str, &str)],
-) -> std::process::Output {
+fn run_vm_binary_with(dir: &std::path::Path, script: &str, env: &[(&str, &str)]) -> std::process::Output {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     Command::new(root.join("hack/run-vm-binary"))
         .current_dir(&root)
@@ -126,10 +106,7 @@ fn run_vm_binary_with(
 #[test]
 fn a_test_host_soft_lockup_is_detected_within_90s_and_retried_once() {
     let _turn = turn();
-    let cache = testhost()
-        .arg("--print-cache")
-        .output()
-        .expect("hack/testhost --print-cache");
+    let cache = testhost().arg("--print-cache").output().expect("hack/testhost --print-cache");
     let cache = String::from_utf8_lossy(&cache.stdout).trim().to_string();
     let module = PathBuf::from(cache).join("current/burrow_lockup.ko");
     assert!(
@@ -149,10 +126,7 @@ fn a_test_host_soft_lockup_is_detected_within_90s_and_retried_once() {
     let stderr = stderr_of(&out);
     let all = format!("stdout: {stdout}\nstderr: {stderr}");
     assert_eq!(out.status.code(), Some(0), "{all}");
-    assert!(
-        stdout.contains("attempt 2 done") && !stdout.contains("attempt 1 done"),
-        "{all}"
-    );
+    assert!(stdout.contains("attempt 2 done") && !stdout.contains("attempt 1 done"), "{all}");
     let retries = std::fs::read_to_string(dir.path().join("retries")).expect("retry record");
     let lines: Vec<&str> = retries.lines().collect();
     assert_eq!(lines.len(), 1, "exactly one retry: {retries:?}\n{all}");
@@ -173,10 +147,7 @@ fn a_test_host_soft_lockup_is_detected_within_90s_and_retried_once() {
         .and_then(|s| s.split('s').next())
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("the first attempt's log says when: {first}"));
-    assert!(
-        after <= 90,
-        "detected {after} s after the test host started: {first}"
-    );
+    assert!(after <= 90, "detected {after} s after the test host started: {first}");
     assert!(stderr.contains("running selftest once more"), "{all}");
 }
 
@@ -191,11 +162,7 @@ fn fake_lockup_until(bad: u32) -> String {
 }
 
 fn retry_lines(dir: &std::path::Path) -> Vec<String> {
-    std::fs::read_to_string(dir.join("retries"))
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_string)
-        .collect()
+    std::fs::read_to_string(dir.join("retries")).unwrap_or_default().lines().map(str::to_string).collect()
 }
 
 /// CI saw one binary's test host freeze twice in a row: a binary gets two
@@ -208,14 +175,8 @@ fn a_binary_gets_two_retries_for_test_host_trouble() {
     let all = output_of(&out);
     assert_eq!(out.status.code(), Some(0), "{all}");
     assert!(all.contains("attempt 3 done"), "{all}");
-    assert_eq!(
-        retry_lines(dir.path()),
-        ["selftest soft lockup", "selftest soft lockup"],
-        "{all}"
-    );
-    let kept = std::fs::read_dir(dir.path().join("logs"))
-        .expect("kept logs")
-        .count();
+    assert_eq!(retry_lines(dir.path()), ["selftest soft lockup", "selftest soft lockup"], "{all}");
+    let kept = std::fs::read_dir(dir.path().join("logs")).expect("kept logs").count();
     assert_eq!(kept, 2, "attempts 1 and 2 kept: {all}");
 }
 
@@ -225,18 +186,11 @@ fn a_binary_gets_two_retries_for_test_host_trouble() {
 fn test_host_trouble_past_the_retry_budget_fails_and_says_why() {
     let _turn = turn();
     let dir = tempfile::tempdir().expect("tempdir");
-    let out = run_vm_binary_with(
-        dir.path(),
-        &fake_lockup_until(9),
-        &[("BURROW_RETRY_BUDGET", "1")],
-    );
+    let out = run_vm_binary_with(dir.path(), &fake_lockup_until(9), &[("BURROW_RETRY_BUDGET", "1")]);
     let all = output_of(&out);
     assert_eq!(out.status.code(), Some(75), "{all}");
     assert!(!all.contains("done"), "{all}");
-    assert!(
-        all.contains("already spent its 1 retries (BURROW_RETRY_BUDGET): giving up"),
-        "{all}"
-    );
+    assert!(all.contains("already spent its 1 retries (BURROW_RETRY_BUDGET): giving up"), "{all}");
     assert_eq!(retry_lines(dir.path()), ["selftest soft lockup"], "{all}");
 }
 

@@ -76,8 +76,7 @@ impl Containerd {
                 .lines()
                 .find_map(|l| l.strip_prefix("0::/"))
                 .filter(|p| p.ends_with(&format!("/{id}")));
-            let dir =
-                dir.unwrap_or_else(|| panic!("VMM {pid} is in sandbox {id}'s cgroup: {cgroup}"));
+            let dir = dir.unwrap_or_else(|| panic!("VMM {pid} is in sandbox {id}'s cgroup: {cgroup}"));
             cgroups.push(Path::new("/sys/fs/cgroup").join(dir));
             for kind in ["mnt", "net", "ipc"] {
                 let theirs = ns(&pid, kind);

@@ -196,11 +196,7 @@ fn ctr_task_exec_ps_pause_resume_kill_delete() {
     assert_eq!(c.ctr(&["containers", "rm", "t-task"]).code, Some(0));
     c.assert_clean(CLEAN);
     for cg in cgroups {
-        assert!(
-            !cg.exists(),
-            "the VMM's cgroup {} outlived its sandbox",
-            cg.display()
-        );
+        assert!(!cg.exists(), "the VMM's cgroup {} outlived its sandbox", cg.display());
     }
 }
 

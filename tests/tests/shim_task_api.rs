@@ -758,32 +758,16 @@ fn an_idle_sandbox_wakes_nothing_on_the_host() {
     std::thread::sleep(Duration::from_secs(30));
     let (vmm1, shim1) = (wakeups_since(&vmm0, vmm), wakeups_since(&shim0, shim));
     eprintln!("wakeups in 30 s idle: burrow-vmm {vmm1:?}; shim {shim1:?}");
-    eprintln!(
-        "guest /proc/interrupts about 42 s apart:\n{irqs_before}\n{}",
-        irqs("irq1")
-    );
+    eprintln!("guest /proc/interrupts about 42 s apart:\n{irqs_before}\n{}", irqs("irq1"));
     let event_loop = vmm1.get("burrow-vmm").copied().unwrap_or(0);
-    let vcpus: u64 = vmm1
-        .iter()
-        .filter(|(k, _)| k.starts_with("vcpu"))
-        .map(|(_, v)| v)
-        .sum();
+    let vcpus: u64 = vmm1.iter().filter(|(k, _)| k.starts_with("vcpu")).map(|(_, v)| v).sum();
     let shim_total: u64 = shim1.values().sum();
     // Before this test existed: a 200 ms tick (150 wakeups of the event loop
     // in 30 s) and the vsock traffic of a 500 ms OOM poll in the agent.
-    assert!(
-        event_loop <= 3,
-        "burrow-vmm's event loop woke {event_loop} times in 30 s idle: {vmm1:?}"
-    );
-    assert!(
-        shim_total <= 10,
-        "the shim woke {shim_total} times in 30 s idle: {shim1:?}"
-    );
+    assert!(event_loop <= 3, "burrow-vmm's event loop woke {event_loop} times in 30 s idle: {vmm1:?}");
+    assert!(shim_total <= 10, "the shim woke {shim_total} times in 30 s idle: {shim1:?}");
     // The guest kernel's own timers wake its vCPU (about 30 times a second
     // in the nested test host); a busy guest would wake it thousands of times.
-    assert!(
-        vcpus <= 3000,
-        "the guest's vCPUs woke {vcpus} times in 30 s idle: {vmm1:?}"
-    );
+    assert!(vcpus <= 3000, "the guest's vCPUs woke {vcpus} times in 30 s idle: {vmm1:?}");
     kill_and_remove(&c, id);
 }

@@ -28,9 +28,7 @@ pub struct RotatingFile {
 
 fn open_log(path: &Path, truncate: bool) -> io::Result<File> {
     let mut o = OpenOptions::new();
-    o.create(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
+    o.create(true).mode(0o600).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
     if truncate {
         o.write(true).truncate(true);
     } else {
@@ -58,12 +56,7 @@ impl RotatingFile {
     pub fn open(path: &Path, max: u64) -> io::Result<Self> {
         let file = open_log(path, false)?;
         let written = file.metadata()?.len();
-        Ok(Self {
-            path: path.to_path_buf(),
-            max: max.max(4096),
-            written,
-            file: Some(file),
-        })
+        Ok(Self { path: path.to_path_buf(), max: max.max(4096), written, file: Some(file) })
     }
 
     /// Where the previous `max` bytes go.
@@ -87,9 +80,7 @@ impl Write for RotatingFile {
         if buf.len() as u64 > room && self.written > 0 {
             self.rotate();
         }
-        let take = buf
-            .len()
-            .min(usize::try_from(self.max).unwrap_or(usize::MAX));
+        let take = buf.len().min(usize::try_from(self.max).unwrap_or(usize::MAX));
         let Some(f) = self.file.as_mut() else {
             return Ok(buf.len());
         };
@@ -165,23 +156,10 @@ mod tests {
         }
         let cur = std::fs::read_to_string(&p).unwrap();
         let old = std::fs::read_to_string(f.rotated_path()).unwrap();
-        assert!(
-            cur.len() <= 4096 && old.len() <= 4096,
-            "{} {}",
-            cur.len(),
-            old.len()
-        );
-        assert!(
-            cur.ends_with("line 00999 of the guest's console\n"),
-            "{cur}"
-        );
+        assert!(cur.len() <= 4096 && old.len() <= 4096, "{} {}", cur.len(), old.len());
+        assert!(cur.ends_with("line 00999 of the guest's console\n"), "{cur}");
         // What came just before PATH's first whole line is at PATH.1's end.
-        let first: u32 = cur
-            .lines()
-            .nth(1)
-            .and_then(|l| l.get(5..10))
-            .and_then(|n| n.parse().ok())
-            .unwrap();
+        let first: u32 = cur.lines().nth(1).and_then(|l| l.get(5..10)).and_then(|n| n.parse().ok()).unwrap();
         assert!(old.contains(&format!("line {:05} of", first - 2)), "{old}");
     }
 
@@ -211,9 +189,6 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("c");
         let _f = RotatingFile::open(&p, 4096).unwrap();
-        assert_eq!(
-            std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
-            0o600
-        );
+        assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
     }
 }

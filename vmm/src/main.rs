@@ -89,18 +89,12 @@ fn exit_with_parent(parent: libc::pid_t) -> anyhow::Result<()> {
 
 fn watch_parent(parent: libc::pid_t, pidfd: libc::c_int) {
     loop {
-        let mut p = libc::pollfd {
-            fd: pidfd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
+        let mut p = libc::pollfd { fd: pidfd, events: libc::POLLIN, revents: 0 };
         // SAFETY: one valid pollfd; no timeout.
         let n = unsafe { libc::poll(&mut p, 1, -1) };
         // SAFETY: getppid has no preconditions.
         if n > 0 || unsafe { libc::getppid() } != parent {
-            eprintln!(
-                "burrow-vmm: the process that started it (pid {parent}) exited; stopping the VM"
-            );
+            eprintln!("burrow-vmm: the process that started it (pid {parent}) exited; stopping the VM");
             std::process::exit(1);
         }
     }
@@ -199,10 +193,7 @@ fn confine(args: &RunArgs, parent: libc::pid_t) -> anyhow::Result<()> {
     if j.jail {
         let mut dirs = Vec::new();
         let mut own_files = Vec::new();
-        for p in [&args.api, &args.vsock, &args.serial_log]
-            .into_iter()
-            .flatten()
-        {
+        for p in [&args.api, &args.vsock, &args.serial_log].into_iter().flatten() {
             if let Some(d) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
                 dirs.push(d.to_path_buf());
             }

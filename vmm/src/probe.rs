@@ -83,10 +83,7 @@ impl Mapping {
     }
 
     fn write(&mut self, offset: usize, bytes: &[u8]) {
-        assert!(
-            offset + bytes.len() <= self.len,
-            "probe code fits its mapping"
-        );
+        assert!(offset + bytes.len() <= self.len, "probe code fits its mapping");
         // SAFETY: the range was checked against the mapping's length above.
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr.add(offset), bytes.len()) };
     }
@@ -237,11 +234,7 @@ mod tests {
         assert_eq!(cpu_virt_flag(amd), Some("svm"));
         assert_eq!(cpu_virt_flag("flags : fpu vmx\n"), Some("vmx"));
         assert_eq!(cpu_virt_flag("flags : fpu svm_lock\n"), None);
-        assert_eq!(
-            cpu_virt_flag("model name: vmx svm\n"),
-            None,
-            "only the flags line counts"
-        );
+        assert_eq!(cpu_virt_flag("model name: vmx svm\n"), None, "only the flags line counts");
     }
 
     #[test]

@@ -163,9 +163,7 @@ impl VcpuControl {
         lock(&self.state).want = Want::Pause;
         self.attention.store(true, Ordering::Release);
         let n = threads.len();
-        self.kick_until(threads, Duration::from_secs(2), |s| {
-            s.parked + s.exited >= n
-        })
+        self.kick_until(threads, Duration::from_secs(2), |s| s.parked + s.exited >= n)
     }
 
     pub fn resume(&self) {
@@ -210,14 +208,9 @@ impl VcpuControl {
         if st.exited > 0 {
             return None;
         }
-        Some(
-            st.saves
-                .iter_mut()
-                .take(n)
-                .map(|s| s.1.take().unwrap_or_else(|| Err("no state".into())))
-                .collect(),
-        )
+        Some(st.saves.iter_mut().take(n).map(|s| s.1.take().unwrap_or_else(|| Err("no state".into()))).collect())
     }
+
 }
 
 thread_local! {
@@ -264,11 +257,7 @@ pub fn save_state(id: usize, vcpu: &mut VcpuFd, msr_list: &[u32]) -> Result<Vcpu
     match r {
         Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {}
         Err(e) => return Err(format!("vcpu{id}: completing pending I/O: {e}")),
-        Ok(exit) => {
-            return Err(format!(
-                "vcpu{id}: unexpected exit completing pending I/O: {exit:?}"
-            ))
-        }
+        Ok(exit) => return Err(format!("vcpu{id}: unexpected exit completing pending I/O: {exit:?}")),
     }
     snapshot::vcpu::save(id, vcpu, msr_list).map_err(|e| format!("vcpu{id}: {e}"))
 }
@@ -306,12 +295,7 @@ fn run_loop(id: usize, vcpu: &mut VcpuFd, bus: &Bus, ctl: &VcpuControl) -> Optio
     reason
 }
 
-fn run_until_exit(
-    id: usize,
-    vcpu: &mut VcpuFd,
-    bus: &Bus,
-    ctl: &VcpuControl,
-) -> Option<ExitReason> {
+fn run_until_exit(id: usize, vcpu: &mut VcpuFd, bus: &Bus, ctl: &VcpuControl) -> Option<ExitReason> {
     loop {
         if !ctl.checkpoint(id, vcpu) {
             return None;
@@ -353,9 +337,7 @@ fn run_until_exit(
                 return Some(ExitReason::Error(format!("vcpu{id}: KVM internal error")))
             }
             Ok(other) => {
-                return Some(ExitReason::Error(format!(
-                    "vcpu{id}: unexpected exit {other:?}"
-                )))
+                return Some(ExitReason::Error(format!("vcpu{id}: unexpected exit {other:?}")))
             }
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
                 vcpu.set_kvm_immediate_exit(0);

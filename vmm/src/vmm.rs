@@ -12,8 +12,8 @@ mod restoring;
 mod slots;
 mod snapshotting;
 
-pub use crate::api::SnapshotInfo;
 pub use restoring::{check_restore, RestoreConfig};
+pub use crate::api::SnapshotInfo;
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -25,12 +25,12 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
-use crate::GuestMemoryMmap;
 use kvm_bindings::{
     kvm_pit_config, kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES, KVM_MEM_LOG_DIRTY_PAGES,
     KVM_PIT_SPEAKER_DUMMY,
 };
 use kvm_ioctls::{IoEventAddress, Kvm, VcpuFd, VmFd};
+use crate::GuestMemoryMmap;
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
@@ -81,6 +81,7 @@ pub enum VmmError {
     #[error("cannot restore the snapshot: {0}")]
     Restore(String),
 }
+
 
 fn ioctl(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmmError {
     move |e| VmmError::Ioctl(what, e)
@@ -177,9 +178,7 @@ impl Vmm {
             + usize::from(config.vsock.is_some())
             + usize::from(config.net.is_some());
         if devices_wanted > (IRQ_MAX - IRQ_VIRTIO_START + 1) as usize {
-            return Err(VmmError::Config(format!(
-                "too many devices: {devices_wanted}"
-            )));
+            return Err(VmmError::Config(format!("too many devices: {devices_wanted}")));
         }
         vcpu::install_kick_handler().map_err(|e| VmmError::Io("signal handler", e))?;
 
@@ -190,8 +189,8 @@ impl Vmm {
             .into_iter()
             .map(|(s, l)| (GuestAddress(s), l as usize))
             .collect();
-        let mem =
-            GuestMemoryMmap::from_ranges(&ranges).map_err(|e| VmmError::Memory(e.to_string()))?;
+        let mem = GuestMemoryMmap::from_ranges(&ranges)
+            .map_err(|e| VmmError::Memory(e.to_string()))?;
         register_memory(&vm, &mem, false)?;
 
         // Legacy devices.
@@ -203,8 +202,9 @@ impl Vmm {
         let serial = Arc::new(Mutex::new(Serial::new(IrqEvt(serial_irq), out)));
         let kbd_irq = new_irqfd(&vm, IRQ_I8042)?;
         irqfds.push(kbd_irq.clone());
-        let reset_evt =
-            Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmmError::Io("eventfd", e))?);
+        let reset_evt = Arc::new(
+            EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmmError::Io("eventfd", e))?,
+        );
         let i8042 = Arc::new(Mutex::new(I8042::new(kbd_irq, reset_evt.clone())));
 
         // virtio devices.
@@ -285,11 +285,7 @@ impl Vmm {
             last_snapshot: None,
             pending_vcpus,
             msr_list,
-            bus: Bus {
-                serial,
-                i8042,
-                mmio,
-            },
+            bus: Bus { serial, i8042, mmio },
             devices,
             reset_evt,
             panicked,
@@ -336,10 +332,7 @@ impl Vmm {
         if self.state != VmState::Created {
             return Ok(());
         }
-        for (id, vcpu) in std::mem::take(&mut self.pending_vcpus)
-            .into_iter()
-            .enumerate()
-        {
+        for (id, vcpu) in std::mem::take(&mut self.pending_vcpus).into_iter().enumerate() {
             let t = vcpu::spawn(
                 id,
                 vcpu,
@@ -369,12 +362,7 @@ impl Vmm {
     }
 
     /// Run one API command; `files` are those its client passed.
-    fn command(
-        &mut self,
-        cmd: Command,
-        files: &mut Vec<std::fs::File>,
-        events: &mut Vec<Event>,
-    ) -> Result<Response, ExitReason> {
+    fn command(&mut self, cmd: Command, files: &mut Vec<std::fs::File>, events: &mut Vec<Event>) -> Result<Response, ExitReason> {
         Ok(match cmd {
             Command::Status => Response::ok(self.state),
             Command::Start => match self.state {
@@ -395,17 +383,11 @@ impl Vmm {
                         Response::ok(self.state)
                     } else {
                         self.control.resume();
-                        Response::err(ApiError::new(
-                            ApiErrorKind::Timeout,
-                            "vCPUs did not pause in time",
-                        ))
+                        Response::err(ApiError::new(ApiErrorKind::Timeout, "vCPUs did not pause in time"))
                     }
                 }
                 VmState::Paused => Response::ok(self.state),
-                s => Response::err(ApiError::new(
-                    ApiErrorKind::InvalidState,
-                    format!("cannot pause: VM is {s:?}"),
-                )),
+                s => Response::err(ApiError::new(ApiErrorKind::InvalidState, format!("cannot pause: VM is {s:?}"))),
             },
             Command::Resume => match self.state {
                 VmState::Paused => {
@@ -415,24 +397,15 @@ impl Vmm {
                     Response::ok(self.state)
                 }
                 VmState::Running => Response::ok(self.state),
-                s => Response::err(ApiError::new(
-                    ApiErrorKind::InvalidState,
-                    format!("cannot resume: VM is {s:?}"),
-                )),
+                s => Response::err(ApiError::new(ApiErrorKind::InvalidState, format!("cannot resume: VM is {s:?}"))),
             },
             Command::Stop => return Err(ExitReason::Stopped),
-            Command::AttachDisk {
-                slot,
-                path,
-                read_only,
-            } => {
+            Command::AttachDisk { slot, path, read_only } => {
                 let passed = std::mem::take(files).into_iter().next();
                 self.attach_disk(slot, Some((&path, read_only)), passed)
             }
             Command::DetachDisk { slot } => self.attach_disk(slot, None, None),
-            Command::Snapshot { dir, incremental } => match snapshot_files(files)
-                .and_then(|f| self.snapshot(&dir, incremental, f, events))
-            {
+            Command::Snapshot { dir, incremental } => match snapshot_files(files).and_then(|f| self.snapshot(&dir, incremental, f, events)) {
                 Ok(info) => Response::snapshot(self.state, info),
                 Err(e) => {
                     tracing::warn!("snapshot to {} failed: {e}", dir.display());
@@ -476,18 +449,13 @@ impl Vmm {
         let epoll = Epoll::new().map_err(|e| VmmError::Io("epoll", e))?;
         let add = |fd: RawFd, token: u64| {
             epoll
-                .ctl(
-                    ControlOperation::Add,
-                    fd,
-                    EpollEvent::new(EventSet::IN, token),
-                )
+                .ctl(ControlOperation::Add, fd, EpollEvent::new(EventSet::IN, token))
                 .map_err(|e| VmmError::Io("epoll_ctl", e))
         };
         add(self.vcpu_wake.as_raw_fd(), T_VCPU)?;
         add(self.reset_evt.as_raw_fd(), T_RESET)?;
         if let Some(l) = api_listener {
-            l.set_nonblocking(true)
-                .map_err(|e| VmmError::Io("api socket", e))?;
+            l.set_nonblocking(true).map_err(|e| VmmError::Io("api socket", e))?;
             add(l.as_raw_fd(), T_API)?;
         }
         let mut stdin_on = self.serial_stdin;
@@ -509,14 +477,12 @@ impl Vmm {
             self.start()?;
         }
         let mut events = [EpollEvent::default(); 32];
-        let kick_every =
-            (self.kick_ms > 0).then(|| std::time::Duration::from_millis(self.kick_ms.into()));
+        let kick_every = (self.kick_ms > 0).then(|| std::time::Duration::from_millis(self.kick_ms.into()));
         let mut last_kick = std::time::Instant::now();
         loop {
             let mut out_events: Vec<Event> = Vec::new();
             let mut exit: Option<ExitReason> = None;
-            let timeout =
-                kick_every.map_or(-1, |d| i32::try_from(d.as_millis()).unwrap_or(i32::MAX));
+            let timeout = kick_every.map_or(-1, |d| i32::try_from(d.as_millis()).unwrap_or(i32::MAX));
             let n = match epoll.wait(timeout, &mut events) {
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => 0,
@@ -550,11 +516,7 @@ impl Vmm {
                     T_STDIN => {
                         let mut stdin = std::io::stdin();
                         if !lock(&self.bus.serial).handle_input(&mut stdin) {
-                            let _ = epoll.ctl(
-                                ControlOperation::Delete,
-                                libc::STDIN_FILENO,
-                                EpollEvent::default(),
-                            );
+                            let _ = epoll.ctl(ControlOperation::Delete, libc::STDIN_FILENO, EpollEvent::default());
                             stdin_on = false;
                         }
                     }
@@ -564,9 +526,7 @@ impl Vmm {
                             let mut tr = lock(&dev.transport);
                             if let Err(e) = tr.device_mut().process_backend() {
                                 tracing::warn!("device {d} backend: {e}");
-                                out_events.push(Event::Error {
-                                    message: format!("device {d}: {e}"),
-                                });
+                                out_events.push(Event::Error { message: format!("device {d}: {e}") });
                             }
                         }
                     }
@@ -584,22 +544,14 @@ impl Vmm {
                         let lines = clients.get_mut(&t).and_then(Client::read_lines);
                         let Some(lines) = lines else {
                             if let Some(c) = clients.remove(&t) {
-                                let _ = epoll.ctl(
-                                    ControlOperation::Delete,
-                                    c.stream.as_raw_fd(),
-                                    EpollEvent::default(),
-                                );
+                                let _ = epoll.ctl(ControlOperation::Delete, c.stream.as_raw_fd(), EpollEvent::default());
                             }
                             continue;
                         };
-                        let mut files = clients
-                            .get_mut(&t)
-                            .map(|c| std::mem::take(&mut c.files))
-                            .unwrap_or_default();
+                        let mut files = clients.get_mut(&t).map(|c| std::mem::take(&mut c.files)).unwrap_or_default();
                         for line in lines {
                             let resp = match Request::parse(&line) {
-                                Ok(req) => match self.command(req.cmd, &mut files, &mut out_events)
-                                {
+                                Ok(req) => match self.command(req.cmd, &mut files, &mut out_events) {
                                     Ok(r) => r,
                                     Err(r) => {
                                         exit.get_or_insert(r);
@@ -627,10 +579,7 @@ impl Vmm {
 
             if let Some(mut r) = exit {
                 if self.panicked.load(Ordering::SeqCst)
-                    && matches!(
-                        r,
-                        ExitReason::Reboot | ExitReason::TripleFault | ExitReason::Poweroff
-                    )
+                    && matches!(r, ExitReason::Reboot | ExitReason::TripleFault | ExitReason::Poweroff)
                 {
                     r = ExitReason::Panic;
                 }
@@ -650,9 +599,7 @@ impl Vmm {
 }
 
 /// The snapshot files a client passed: none (write by path) or exactly two.
-fn snapshot_files(
-    files: &mut Vec<std::fs::File>,
-) -> Result<Option<snapshotting::SnapshotFiles>, ApiError> {
+fn snapshot_files(files: &mut Vec<std::fs::File>) -> Result<Option<snapshotting::SnapshotFiles>, ApiError> {
     let passed = std::mem::take(files);
     let mut it = passed.into_iter();
     match (it.next(), it.next()) {
@@ -712,15 +659,12 @@ fn register_memory(vm: &VmFd, mem: &GuestMemoryMmap, log_dirty: bool) -> Result<
             guest_phys_addr: region.start_addr().0,
             memory_size: region.len(),
             userspace_addr: region.as_ptr() as u64,
-            flags: if log_dirty {
-                KVM_MEM_LOG_DIRTY_PAGES
-            } else {
-                0
-            },
+            flags: if log_dirty { KVM_MEM_LOG_DIRTY_PAGES } else { 0 },
         };
         // SAFETY: the region belongs to `mem`, which the Vmm keeps
         // alive for as long as the VM exists.
-        unsafe { vm.set_user_memory_region(r) }.map_err(ioctl("KVM_SET_USER_MEMORY_REGION"))?;
+        unsafe { vm.set_user_memory_region(r) }
+            .map_err(ioctl("KVM_SET_USER_MEMORY_REGION"))?;
     }
     Ok(())
 }
@@ -763,20 +707,11 @@ fn wire_virtio(vm: &VmFd, index: usize, queues: usize) -> Result<VirtioWiring, V
     let mut queue_evts = Vec::new();
     for q in 0..queues {
         let evt = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmmError::Io("eventfd", e))?;
-        vm.register_ioevent(
-            &evt,
-            &IoEventAddress::Mmio(base + REG_QUEUE_NOTIFY),
-            q as u32,
-        )
-        .map_err(ioctl("KVM_IOEVENTFD"))?;
+        vm.register_ioevent(&evt, &IoEventAddress::Mmio(base + REG_QUEUE_NOTIFY), q as u32)
+            .map_err(ioctl("KVM_IOEVENTFD"))?;
         queue_evts.push(evt);
     }
-    Ok(VirtioWiring {
-        base,
-        irq_line,
-        irq,
-        queue_evts,
-    })
+    Ok(VirtioWiring { base, irq_line, irq, queue_evts })
 }
 
 fn new_irqfd(vm: &VmFd, line: u32) -> Result<Arc<EventFd>, VmmError> {

@@ -75,52 +75,29 @@ struct Vm {
 
 fn spawn(args: &[&str], api: &Path, log: &Path) -> Vm {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_burrow-vmm"));
-    cmd.arg("run").args(args).args([
-        "--api",
-        api.to_str().unwrap(),
-        "--serial-log",
-        log.to_str().unwrap(),
-    ]);
-    let child = cmd
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    cmd.arg("run")
+        .args(args)
+        .args(["--api", api.to_str().unwrap(), "--serial-log", log.to_str().unwrap()]);
+    let child = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
     let start = Instant::now();
     let stream = loop {
         if let Ok(s) = UnixStream::connect(api) {
             break s;
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "API socket {} never appeared",
-            api.display()
-        );
+        assert!(start.elapsed() < Duration::from_secs(20), "API socket {} never appeared", api.display());
         std::thread::sleep(Duration::from_millis(20));
     };
-    stream
-        .set_read_timeout(Some(Duration::from_secs(60)))
-        .unwrap();
-    Vm {
-        child,
-        api: BufReader::new(stream),
-        log: log.to_path_buf(),
-    }
+    stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    Vm { child, api: BufReader::new(stream), log: log.to_path_buf() }
 }
 
 impl Vm {
     /// Send a request line; return its response line (events skipped).
     fn request(&mut self, line: &str) -> serde_json::Value {
-        self.api
-            .get_mut()
-            .write_all(format!("{line}\n").as_bytes())
-            .unwrap();
+        self.api.get_mut().write_all(format!("{line}\n").as_bytes()).unwrap();
         loop {
             let mut l = String::new();
-            assert!(
-                self.api.read_line(&mut l).unwrap() > 0,
-                "API closed while waiting for an answer to {line}"
-            );
+            assert!(self.api.read_line(&mut l).unwrap() > 0, "API closed while waiting for an answer to {line}");
             if l.starts_with("{\"ok\"") {
                 return serde_json::from_str(&l).unwrap();
             }
@@ -133,10 +110,7 @@ impl Vm {
             serde_json::to_string(dir.to_str().unwrap()).unwrap()
         ));
         assert_eq!(r["ok"], true, "snapshot failed: {r}");
-        assert!(
-            r["state"] == "paused" || r["state"] == "created",
-            "VM is left paused (or not yet started): {r}"
-        );
+        assert!(r["state"] == "paused" || r["state"] == "created", "VM is left paused (or not yet started): {r}");
         r["snapshot"].clone()
     }
 
@@ -154,14 +128,10 @@ impl Vm {
             }
             if let Some(st) = self.child.try_wait().unwrap() {
                 let mut err = String::new();
-                let _ =
-                    std::io::Read::read_to_string(self.child.stderr.as_mut().unwrap(), &mut err);
+                let _ = std::io::Read::read_to_string(self.child.stderr.as_mut().unwrap(), &mut err);
                 panic!("burrow-vmm exited ({st}) before {what}; log {l:?}; stderr {err}");
             }
-            assert!(
-                start.elapsed() < Duration::from_secs(90),
-                "timed out waiting for {what}; log {l:?}"
-            );
+            assert!(start.elapsed() < Duration::from_secs(90), "timed out waiting for {what}; log {l:?}");
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -178,12 +148,7 @@ impl Vm {
             std::thread::sleep(Duration::from_millis(20));
         }
         let out = self.child.wait_with_output().unwrap();
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "stderr {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_eq!(out.status.code(), Some(0), "stderr {}", String::from_utf8_lossy(&out.stderr));
     }
 }
 
@@ -193,21 +158,14 @@ fn counter_values(log: &str) -> Vec<u64> {
     lines.pop(); // partial or empty last line
     lines
         .iter()
-        .map(|l| {
-            u64::from_str_radix(l, 16)
-                .unwrap_or_else(|_| panic!("bad counter line {l:?} in {log:?}"))
-        })
+        .map(|l| u64::from_str_radix(l, 16).unwrap_or_else(|_| panic!("bad counter line {l:?} in {log:?}")))
         .collect()
 }
 
 /// The values must be 0x1000, 0x2000, ... with no gap, repeat or restart.
 fn assert_continuous(values: &[u64], what: &str) {
     for (i, v) in values.iter().enumerate() {
-        assert_eq!(
-            *v,
-            (i as u64 + 1) * 0x1000,
-            "{what}: value {i} of {values:x?}"
-        );
+        assert_eq!(*v, (i as u64 + 1) * 0x1000, "{what}: value {i} of {values:x?}");
     }
 }
 
@@ -220,47 +178,26 @@ fn counter_continues_after_restore_twice_from_one_snapshot() {
     let d = tmpdir("counter");
     let k = kernel(&d, COUNTER);
     let snap = d.join("snap");
-    let mut vm = spawn(
-        &["--kernel", k.to_str().unwrap(), "--mem", "32"],
-        &d.join("api0"),
-        &d.join("log0"),
-    );
+    let mut vm = spawn(&["--kernel", k.to_str().unwrap(), "--mem", "32"], &d.join("api0"), &d.join("log0"));
     vm.wait_log("3 counter lines", |l| lines(l) >= 3);
     let info = vm.snapshot(&snap, false);
     assert_eq!(info["memory_bytes"], 32u64 << 20, "{info}");
     let pages = info["memory_pages"].as_u64().unwrap();
-    assert!(
-        pages > 0 && pages < 64,
-        "a tiny guest has few non-zero pages: {info}"
-    );
-    let used = std::fs::metadata(snap.join("memory"))
-        .map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512)
-        .unwrap();
-    assert!(
-        used < 1 << 20,
-        "memory file is sparse: {used} bytes allocated"
-    );
+    assert!(pages > 0 && pages < 64, "a tiny guest has few non-zero pages: {info}");
+    let used = std::fs::metadata(snap.join("memory")).map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512).unwrap();
+    assert!(used < 1 << 20, "memory file is sparse: {used} bytes allocated");
     // Paused: the log does not grow.
     let before = vm.log();
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(vm.log(), before, "VM stays paused after the snapshot");
     vm.stop();
     let original = std::fs::read_to_string(d.join("log0")).unwrap();
-    assert_eq!(
-        original, before,
-        "a paused VM runs no more guest code when stopped"
-    );
+    assert_eq!(original, before, "a paused VM runs no more guest code when stopped");
     assert_continuous(&counter_values(&original), "before the snapshot");
 
     // Two VMs from the one snapshot at the same time (the memory file is
     // mapped MAP_PRIVATE by both), then a third afterwards.
-    let restore = |round: u32| {
-        spawn(
-            &["--restore", snap.to_str().unwrap()],
-            &d.join(format!("api{round}")),
-            &d.join(format!("log{round}")),
-        )
-    };
+    let restore = |round: u32| spawn(&["--restore", snap.to_str().unwrap()], &d.join(format!("api{round}")), &d.join(format!("log{round}")));
     let check = |round: u32, mut vm: Vm| {
         vm.wait_log("3 more counter lines", |l| lines(l) >= 3);
         vm.stop();
@@ -274,15 +211,8 @@ fn counter_continues_after_restore_twice_from_one_snapshot() {
     check(2, b);
     check(3, restore(3));
     let unchanged = std::fs::read(snap.join("memory")).unwrap();
-    assert_eq!(
-        unchanged.len(),
-        32 << 20,
-        "restored guests never write the snapshot's memory file"
-    );
-    assert!(unchanged
-        .get(0x50000..0x50004)
-        .is_some_and(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as u64
-            <= (counter_values(&original).len() as u64 + 1) * 0x1000));
+    assert_eq!(unchanged.len(), 32 << 20, "restored guests never write the snapshot's memory file");
+    assert!(unchanged.get(0x50000..0x50004).is_some_and(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as u64 <= (counter_values(&original).len() as u64 + 1) * 0x1000));
 }
 
 #[test]
@@ -290,23 +220,10 @@ fn incremental_snapshot_holds_the_touched_pages() {
     let d = tmpdir("incr");
     let k = kernel(&d, PAGES);
     let (full, inc) = (d.join("full"), d.join("inc"));
-    let mut vm = spawn(
-        &["--kernel", k.to_str().unwrap(), "--mem", "32", "--paused"],
-        &d.join("api0"),
-        &d.join("log0"),
-    );
-    let r = vm.request(&format!(
-        "{{\"cmd\":\"snapshot\",\"dir\":\"{}\",\"incremental\":true}}",
-        inc.display()
-    ));
+    let mut vm = spawn(&["--kernel", k.to_str().unwrap(), "--mem", "32", "--paused"], &d.join("api0"), &d.join("log0"));
+    let r = vm.request(&format!("{{\"cmd\":\"snapshot\",\"dir\":\"{}\",\"incremental\":true}}", inc.display()));
     assert_eq!(r["ok"], false, "an incremental snapshot needs a base: {r}");
-    assert!(
-        r["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("needs a full snapshot"),
-        "{r}"
-    );
+    assert!(r["error"]["message"].as_str().unwrap().contains("needs a full snapshot"), "{r}");
     assert_eq!(r["error"]["kind"], "invalid_state", "{r}");
     let info = vm.snapshot(&full, false);
     assert_eq!(info["incremental"], false);
@@ -319,10 +236,7 @@ fn incremental_snapshot_holds_the_touched_pages() {
         (PAGES_TOUCHED..PAGES_TOUCHED + 4).contains(&pages),
         "guest touched {PAGES_TOUCHED} pages, incremental snapshot has {pages}: {info}"
     );
-    assert_eq!(
-        std::fs::metadata(inc.join("memory")).unwrap().len(),
-        pages * 4096
-    );
+    assert_eq!(std::fs::metadata(inc.join("memory")).unwrap().len(), pages * 4096);
     // The snapshotted VM resumes where it was.
     let seen = vm.log().len();
     assert_eq!(vm.request("{\"cmd\":\"resume\"}")["state"], "running");
@@ -330,28 +244,14 @@ fn incremental_snapshot_holds_the_touched_pages() {
     vm.stop();
 
     // base + overlay: the guest continues printing the byte it wrote.
-    let mut vm = spawn(
-        &["--restore", inc.to_str().unwrap()],
-        &d.join("api1"),
-        &d.join("log1"),
-    );
+    let mut vm = spawn(&["--restore", inc.to_str().unwrap()], &d.join("api1"), &d.join("log1"));
     let l = vm.wait_log("the written byte", |l| l.len() >= 3);
     vm.stop();
-    assert!(
-        !l.contains('A'),
-        "restored guest continues, does not restart: {l:?}"
-    );
-    assert!(
-        l.bytes().take(3).all(|b| b == b'X'),
-        "overlay page restored: {l:?}"
-    );
+    assert!(!l.contains('A'), "restored guest continues, does not restart: {l:?}");
+    assert!(l.bytes().take(3).all(|b| b == b'X'), "overlay page restored: {l:?}");
 
     // The base alone starts over from the beginning.
-    let mut vm = spawn(
-        &["--restore", full.to_str().unwrap()],
-        &d.join("api2"),
-        &d.join("log2"),
-    );
+    let mut vm = spawn(&["--restore", full.to_str().unwrap()], &d.join("api2"), &d.join("log2"));
     let l = vm.wait_log("the first output", |l| l.contains("B\n"));
     vm.stop();
     assert!(l.starts_with("AB\n"), "{l:?}");
@@ -378,13 +278,7 @@ fn refused(snap: &Path, d: &Path, extra: &[&str], expect: &str) -> ErrorKind {
     let api = d.join("refused.sock");
     let log = d.join("refused.log");
     let out = Command::new(env!("CARGO_BIN_EXE_burrow-vmm"))
-        .args([
-            "run",
-            "--restore",
-            snap.to_str().unwrap(),
-            "--api",
-            api.to_str().unwrap(),
-        ])
+        .args(["run", "--restore", snap.to_str().unwrap(), "--api", api.to_str().unwrap()])
         .args(["--serial-log", log.to_str().unwrap()])
         .args(extra)
         .output()
@@ -394,12 +288,8 @@ fn refused(snap: &Path, d: &Path, extra: &[&str], expect: &str) -> ErrorKind {
     assert!(stderr.contains(expect), "expected {expect:?} in {stderr}");
     assert!(!api.exists(), "{expect}: API socket not left behind");
     let last = stderr.lines().last().unwrap_or_default();
-    let typed = ApiError::from_failure_line(last)
-        .unwrap_or_else(|| panic!("no typed failure line in {stderr}"));
-    assert!(
-        typed.message.contains(expect),
-        "expected {expect:?} in {typed:?}"
-    );
+    let typed = ApiError::from_failure_line(last).unwrap_or_else(|| panic!("no typed failure line in {stderr}"));
+    assert!(typed.message.contains(expect), "expected {expect:?} in {typed:?}");
     typed.kind
 }
 
@@ -411,15 +301,7 @@ fn bad_snapshots_are_refused_with_status_2() {
     let disk = d.join("disk.img");
     std::fs::write(&disk, vec![0u8; 8192]).unwrap();
     let mut vm = spawn(
-        &[
-            "--kernel",
-            k.to_str().unwrap(),
-            "--mem",
-            "32",
-            "--paused",
-            "--disk",
-            disk.to_str().unwrap(),
-        ],
+        &["--kernel", k.to_str().unwrap(), "--mem", "32", "--paused", "--disk", disk.to_str().unwrap()],
         &d.join("api0"),
         &d.join("log0"),
     );
@@ -428,24 +310,9 @@ fn bad_snapshots_are_refused_with_status_2() {
     // Disks: the snapshot recorded one of 8 KiB.
     let small = d.join("small.img");
     std::fs::write(&small, vec![0u8; 4096]).unwrap();
-    let kind = assert_refused(
-        &snap,
-        &d,
-        &["--disk", small.to_str().unwrap()],
-        "is 4096 bytes, the snapshot's disk was 8192 bytes",
-    );
+    let kind = assert_refused(&snap, &d, &["--disk", small.to_str().unwrap()], "is 4096 bytes, the snapshot's disk was 8192 bytes");
     assert_eq!(kind, ErrorKind::InvalidRequest);
-    assert_refused(
-        &snap,
-        &d,
-        &[
-            "--disk",
-            small.to_str().unwrap(),
-            "--disk",
-            small.to_str().unwrap(),
-        ],
-        "2 disk paths given, the snapshot has 1 disks",
-    );
+    assert_refused(&snap, &d, &["--disk", small.to_str().unwrap(), "--disk", small.to_str().unwrap()], "2 disk paths given, the snapshot has 1 disks");
     let good = std::fs::read(snap.join("state")).unwrap();
     let mem = std::fs::read(snap.join("memory")).unwrap();
     let bad = d.join("bad");
@@ -459,10 +326,7 @@ fn bad_snapshots_are_refused_with_status_2() {
     let n = corrupt.len();
     corrupt[n / 2] ^= 0x01;
     with_state(&corrupt, &mem);
-    assert_eq!(
-        assert_refused(&bad, &d, &[], "checksum"),
-        ErrorKind::Corrupt
-    );
+    assert_eq!(assert_refused(&bad, &d, &[], "checksum"), ErrorKind::Corrupt);
 
     with_state(&good[..good.len() - 10], &mem);
     assert_refused(&bad, &d, &[], "truncated");
@@ -470,10 +334,7 @@ fn bad_snapshots_are_refused_with_status_2() {
     let mut version = good.clone();
     version[8] = 99;
     with_state(&version, &mem);
-    assert_eq!(
-        assert_refused(&bad, &d, &[], "version 99 is not supported"),
-        ErrorKind::Unsupported
-    );
+    assert_eq!(assert_refused(&bad, &d, &[], "version 99 is not supported"), ErrorKind::Unsupported);
 
     let mut huge = good.clone();
     huge[16..24].copy_from_slice(&(1u64 << 40).to_le_bytes());
@@ -496,10 +357,7 @@ fn bad_snapshots_are_refused_with_status_2() {
     assert_refused(&bad, &d, &[], "1 vCPU states for 2 vCPUs");
     with_state(&edited(&|v| v["mem_mib"] = 64.into()), &mem);
     assert_refused(&bad, &d, &[], "memory regions do not match");
-    with_state(
-        &edited(&|v| v["vcpus"][0]["regs"] = serde_json::json!([0, 255])),
-        &mem,
-    );
+    with_state(&edited(&|v| v["vcpus"][0]["regs"] = serde_json::json!([0, 255])), &mem);
     assert_refused(&bad, &d, &[], "kvm_regs is 144 bytes, state has 2");
     // kvm_msr_entry's bytes: index (little endian), reserved, data.
     let msr = |v: &mut serde_json::Value| {
@@ -509,19 +367,12 @@ fn bad_snapshots_are_refused_with_status_2() {
     };
     with_state(&edited(&msr), &mem);
     assert_refused(&bad, &d, &[], "MSR 0x12345678 is not one KVM lists");
-    with_state(
-        &edited(&|v| v["devices"][0]["queues"][0]["max_size"] = 1024.into()),
-        &mem,
-    );
+    with_state(&edited(&|v| v["devices"][0]["queues"][0]["max_size"] = 1024.into()), &mem);
     assert_refused_late(&bad, &d, "max size 1024 but the device offers 256");
 
     // Untouched, the copy restores (the checks above refused for their reason only).
     with_state(&good, &mem);
-    let mut vm = spawn(
-        &["--restore", bad.to_str().unwrap(), "--paused"],
-        &d.join("api1"),
-        &d.join("log1"),
-    );
+    let mut vm = spawn(&["--restore", bad.to_str().unwrap(), "--paused"], &d.join("api1"), &d.join("log1"));
     assert_eq!(vm.request("{\"cmd\":\"status\"}")["state"], "created");
     vm.stop();
 }
@@ -535,30 +386,13 @@ impl Vm {
         use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
         use vmm_sys_util::sock_ctrl_msg::ScmSocket;
         std::fs::DirBuilder::new().mode(0o700).create(dir).unwrap();
-        let new = |name: &str| {
-            std::fs::File::options()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(dir.join(name))
-                .unwrap()
-        };
+        let new = |name: &str| std::fs::File::options().read(true).write(true).create_new(true).mode(0o600).open(dir.join(name)).unwrap();
         let (memory, state) = (new("memory"), new("state"));
-        let line = format!(
-            "{{\"cmd\":\"snapshot\",\"dir\":{}}}\n",
-            serde_json::to_string(dir.to_str().unwrap()).unwrap()
-        );
-        self.api
-            .get_ref()
-            .send_with_fds(&[line.as_bytes()], &[memory.as_raw_fd(), state.as_raw_fd()])
-            .unwrap();
+        let line = format!("{{\"cmd\":\"snapshot\",\"dir\":{}}}\n", serde_json::to_string(dir.to_str().unwrap()).unwrap());
+        self.api.get_ref().send_with_fds(&[line.as_bytes()], &[memory.as_raw_fd(), state.as_raw_fd()]).unwrap();
         loop {
             let mut l = String::new();
-            assert!(
-                self.api.read_line(&mut l).unwrap() > 0,
-                "API closed while waiting for the snapshot"
-            );
+            assert!(self.api.read_line(&mut l).unwrap() > 0, "API closed while waiting for the snapshot");
             if l.starts_with("{\"ok\"") {
                 return serde_json::from_str(&l).unwrap();
             }
@@ -567,12 +401,7 @@ impl Vm {
 
     fn uid(&self) -> String {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("Uid:"))
-            .unwrap_or_default()
-            .trim()
-            .to_string()
+        status.lines().find_map(|l| l.strip_prefix("Uid:")).unwrap_or_default().trim().to_string()
     }
 }
 
@@ -591,23 +420,11 @@ fn a_jailed_vmm_snapshots_into_passed_files_and_restores_jailed() {
     let mut vm = spawn(&args, &d.join("api0"), &d.join("log0"));
     // The guest runs once the jail is entered.
     vm.wait_log("3 counter lines", |l| lines(l) >= 3);
-    assert_eq!(
-        vm.uid(),
-        "64123\t64123\t64123\t64123",
-        "the VMM runs as the jail's uid"
-    );
+    assert_eq!(vm.uid(), "64123\t64123\t64123\t64123", "the VMM runs as the jail's uid");
 
     let outside = PathBuf::from(format!("/var/tmp/burrow-jail-test-{}", std::process::id()));
-    let r = vm.request(&format!(
-        "{{\"cmd\":\"snapshot\",\"dir\":{}}}",
-        serde_json::to_string(outside.to_str().unwrap()).unwrap()
-    ));
-    assert_eq!(
-        r["ok"],
-        false,
-        "a jailed VMM cannot reach {}: {r}",
-        outside.display()
-    );
+    let r = vm.request(&format!("{{\"cmd\":\"snapshot\",\"dir\":{}}}", serde_json::to_string(outside.to_str().unwrap()).unwrap()));
+    assert_eq!(r["ok"], false, "a jailed VMM cannot reach {}: {r}", outside.display());
     assert!(!outside.exists(), "nothing was written on the host");
     let r = vm.request("{\"cmd\":\"resume\"}");
     assert_eq!(r["ok"], true, "{r}");
@@ -615,10 +432,7 @@ fn a_jailed_vmm_snapshots_into_passed_files_and_restores_jailed() {
     let r = vm.snapshot_into_files(&snap);
     assert_eq!(r["ok"], true, "snapshot into passed files: {r}");
     assert_eq!(r["snapshot"]["dir"], snap.to_str().unwrap(), "{r}");
-    assert_eq!(
-        std::fs::metadata(snap.join("memory")).unwrap().len(),
-        32 << 20
-    );
+    assert_eq!(std::fs::metadata(snap.join("memory")).unwrap().len(), 32 << 20);
     assert!(std::fs::metadata(snap.join("state")).unwrap().len() > 0);
     vm.stop();
     let original = std::fs::read_to_string(d.join("log0")).unwrap();

@@ -46,11 +46,7 @@ fn vmm(args: &[&str]) -> Command {
 }
 
 fn run_with_timeout(mut cmd: Command, timeout: Duration) -> Output {
-    let child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     run_with_timeout_child(child, timeout)
 }
 
@@ -78,16 +74,10 @@ fn pvh_guest_prints_and_reboots_with_status_0() {
     code.extend_from_slice(&RESET);
     code.push(0xf4);
     let k = kernel(&d, &code, true);
-    let out = run_with_timeout(
-        vmm(&["--kernel", k.to_str().unwrap()]),
-        Duration::from_secs(20),
-    );
+    let out = run_with_timeout(vmm(&["--kernel", k.to_str().unwrap()]), Duration::from_secs(20));
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stdout.contains("hello from tiny guest"),
-        "stdout {stdout:?} stderr {stderr:?}"
-    );
+    assert!(stdout.contains("hello from tiny guest"), "stdout {stdout:?} stderr {stderr:?}");
     assert_eq!(out.status.code(), Some(0), "stderr {stderr:?}");
     assert!(stderr.contains("rebooted"), "{stderr}");
 }
@@ -99,16 +89,9 @@ fn long_mode_guest_without_pvh_note() {
     let mut code = print32(b"long mode\n");
     code.extend_from_slice(&RESET);
     let k = kernel(&d, &code, false);
-    let out = run_with_timeout(
-        vmm(&["--kernel", k.to_str().unwrap(), "--vcpus", "2"]),
-        Duration::from_secs(20),
-    );
+    let out = run_with_timeout(vmm(&["--kernel", k.to_str().unwrap(), "--vcpus", "2"]), Duration::from_secs(20));
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        stdout.contains("long mode"),
-        "{stdout:?} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(stdout.contains("long mode"), "{stdout:?} {}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(out.status.code(), Some(0));
 }
 
@@ -120,12 +103,7 @@ fn serial_log_file() {
     let k = kernel(&d, &code, true);
     let log = d.join("serial.log");
     let out = run_with_timeout(
-        vmm(&[
-            "--kernel",
-            k.to_str().unwrap(),
-            "--serial-log",
-            log.to_str().unwrap(),
-        ]),
+        vmm(&["--kernel", k.to_str().unwrap(), "--serial-log", log.to_str().unwrap()]),
         Duration::from_secs(20),
     );
     assert_eq!(out.status.code(), Some(0));
@@ -138,10 +116,7 @@ fn triple_fault_is_a_failure() {
     let d = tmpdir("fault");
     // ud2 with an empty IDT: #UD, #DF, then shutdown.
     let k = kernel(&d, &[0x0f, 0x0b], true);
-    let out = run_with_timeout(
-        vmm(&["--kernel", k.to_str().unwrap()]),
-        Duration::from_secs(20),
-    );
+    let out = run_with_timeout(vmm(&["--kernel", k.to_str().unwrap()]), Duration::from_secs(20));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("triple-fault"), "{stderr}");
@@ -171,24 +146,12 @@ fn halted_guest_wakes_nothing_until_stopped() {
     let k = kernel(&d, &code, true);
     let api = d.join("api.sock");
     let log = d.join("serial.log");
-    let mut cmd = vmm(&[
-        "--kernel",
-        k.to_str().unwrap(),
-        "--api",
-        api.to_str().unwrap(),
-    ]);
+    let mut cmd = vmm(&["--kernel", k.to_str().unwrap(), "--api", api.to_str().unwrap()]);
     cmd.args(["--serial-log", log.to_str().unwrap()]);
-    let mut child = cmd
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
     let start = Instant::now();
     while std::fs::read_to_string(&log).unwrap_or_default() != "halting\n" {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "no output from the guest"
-        );
+        assert!(start.elapsed() < Duration::from_secs(20), "no output from the guest");
         assert!(child.try_wait().unwrap().is_none(), "burrow-vmm exited");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -196,14 +159,8 @@ fn halted_guest_wakes_nothing_until_stopped() {
     let before = event_loop_wakeups(child.id());
     std::thread::sleep(Duration::from_secs(2));
     let woke = event_loop_wakeups(child.id()) - before;
-    assert!(
-        child.try_wait().unwrap().is_none(),
-        "a halted guest does not end the VM"
-    );
-    assert_eq!(
-        woke, 0,
-        "the event loop woke {woke} times in 2 s with a halted guest"
-    );
+    assert!(child.try_wait().unwrap().is_none(), "a halted guest does not end the VM");
+    assert_eq!(woke, 0, "the event loop woke {woke} times in 2 s with a halted guest");
 
     let mut c = BufReader::new(UnixStream::connect(&api).unwrap());
     c.get_mut().write_all(b"{\"cmd\":\"stop\"}\n").unwrap();
@@ -232,25 +189,12 @@ fn guest_reads_virtio_mmio_registers() {
     code.extend_from_slice(&RESET);
     let k = kernel(&d, &code, true);
     let out = run_with_timeout(
-        vmm(&[
-            "--kernel",
-            k.to_str().unwrap(),
-            "--disk",
-            &format!("{}:ro", disk.display()),
-        ]),
+        vmm(&["--kernel", k.to_str().unwrap(), "--disk", &format!("{}:ro", disk.display())]),
         Duration::from_secs(20),
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        stdout.contains("virt2"),
-        "magic then device id 2 (block): {stdout:?}"
-    );
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("virt2"), "magic then device id 2 (block): {stdout:?}");
 }
 
 #[test]
@@ -258,18 +202,13 @@ fn bad_kernel_is_a_build_error() {
     let d = tmpdir("badkernel");
     let k = d.join("vmlinux");
     std::fs::write(&k, b"not an elf").unwrap();
-    let out = run_with_timeout(
-        vmm(&["--kernel", k.to_str().unwrap()]),
-        Duration::from_secs(20),
-    );
+    let out = run_with_timeout(vmm(&["--kernel", k.to_str().unwrap()]), Duration::from_secs(20));
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("kernel"));
 }
 
 fn request(s: &mut BufReader<UnixStream>, cmd: &str) -> String {
-    s.get_mut()
-        .write_all(format!("{{\"cmd\":\"{cmd}\"}}\n").as_bytes())
-        .unwrap();
+    s.get_mut().write_all(format!("{{\"cmd\":\"{cmd}\"}}\n").as_bytes()).unwrap();
     loop {
         let mut line = String::new();
         s.read_line(&mut line).unwrap();
@@ -286,18 +225,8 @@ fn control_api_start_pause_resume_stop() {
     code.extend_from_slice(&[0xeb, 0xfe]); // jmp $
     let k = kernel(&d, &code, true);
     let api = d.join("api.sock");
-    let mut cmd = vmm(&[
-        "--kernel",
-        k.to_str().unwrap(),
-        "--api",
-        api.to_str().unwrap(),
-        "--paused",
-    ]);
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut cmd = vmm(&["--kernel", k.to_str().unwrap(), "--api", api.to_str().unwrap(), "--paused"]);
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     // Read the console as it comes, so the test can wait for the guest to
     // have run before it stops it (on a loaded host that takes a while).
     let mut console = BufReader::new(child.stdout.take().unwrap());
@@ -319,15 +248,10 @@ fn control_api_start_pause_resume_stop() {
         if let Ok(s) = UnixStream::connect(&api) {
             break s;
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "API socket never appeared"
-        );
+        assert!(start.elapsed() < Duration::from_secs(10), "API socket never appeared");
         std::thread::sleep(Duration::from_millis(20));
     };
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut s = BufReader::new(stream);
     assert!(request(&mut s, "status").contains("created"));
     assert!(request(&mut s, "start").contains("running"));
@@ -416,53 +340,25 @@ fn a_guest_flooding_its_console_stays_under_the_log_caps() {
         }
         last_len = len;
         assert!(len <= CAP, "serial log at {len} bytes, over its cap {CAP}");
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "the guest wrote too little in 60 s ({rotations} rotations)"
-        );
+        assert!(start.elapsed() < Duration::from_secs(60), "the guest wrote too little in 60 s ({rotations} rotations)");
         std::thread::sleep(Duration::from_millis(5));
     }
     assert!(std::fs::metadata(&rotated).unwrap().len() <= CAP);
     let stream = UnixStream::connect(&api).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut s = BufReader::new(stream);
     let asked = Instant::now();
     assert!(request(&mut s, "status").contains("running"));
-    assert!(
-        asked.elapsed() < Duration::from_secs(1),
-        "status took {:?} under the flood",
-        asked.elapsed()
-    );
+    assert!(asked.elapsed() < Duration::from_secs(1), "status took {:?} under the flood", asked.elapsed());
     s.get_mut().write_all(b"{\"cmd\":\"stop\"}\n").unwrap();
     let out = child.wait_with_output().unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("log reached its cap of 4096 bytes"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("log reached its cap of 4096 bytes"), "{stderr}");
     // The cap, the line saying so, and the exit line at most.
-    assert!(
-        stderr.len() < LOG_CAP as usize + 400,
-        "{} bytes of VMM log",
-        stderr.len()
-    );
-    let names: Vec<_> = std::fs::read_dir(&d)
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    assert_eq!(
-        names.len(),
-        3,
-        "vmlinux, serial.log and serial.log.1 only: {names:?}"
-    );
+    assert!(stderr.len() < LOG_CAP as usize + 400, "{} bytes of VMM log", stderr.len());
+    let names: Vec<_> = std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names.len(), 3, "vmlinux, serial.log and serial.log.1 only: {names:?}");
 }
 
 /// With `--exit-with-parent` (the shim always passes it), a VMM whose
@@ -478,11 +374,7 @@ fn the_vm_ends_with_its_parent_when_asked() {
     let alive = |pid: u32| {
         std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .ok()
-            .and_then(|s| {
-                s.rsplit(')')
-                    .next()
-                    .map(|r| !r.trim_start().starts_with('Z'))
-            })
+            .and_then(|s| s.rsplit(')').next().map(|r| !r.trim_start().starts_with('Z')))
             .unwrap_or(false)
     };
     for with_flag in [true, false] {
@@ -501,17 +393,10 @@ fn the_vm_ends_with_its_parent_when_asked() {
         }
         let stderr = std::fs::read_to_string(d.join("stderr")).unwrap_or_default();
         if with_flag {
-            assert!(
-                !alive(pid),
-                "the VMM still runs {:?} after its parent exited",
-                start.elapsed()
-            );
+            assert!(!alive(pid), "the VMM still runs {:?} after its parent exited", start.elapsed());
             assert!(stderr.contains("exited; stopping the VM"), "{stderr}");
         } else {
-            assert!(
-                alive(pid),
-                "without the flag the VMM should outlive its parent: {stderr}"
-            );
+            assert!(alive(pid), "without the flag the VMM should outlive its parent: {stderr}");
             // SAFETY: kill has no memory-safety preconditions.
             unsafe { libc::kill(pid as i32, libc::SIGKILL) };
         }

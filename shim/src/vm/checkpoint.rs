@@ -138,12 +138,6 @@ pub async fn prepare_restore(
         })?;
     let memory = unpacked.join(snapshot::MEMORY);
     sparse_job("unpacking", files.memory.path(), memory, sparse::unpack).await?;
-    sparse_job(
-        "unpacking",
-        files.disk.path(),
-        img.to_path_buf(),
-        sparse::unpack,
-    )
-    .await?;
+    sparse_job("unpacking", files.disk.path(), img.to_path_buf(), sparse::unpack).await?;
     Ok(unpacked.to_path_buf())
 }

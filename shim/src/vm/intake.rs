@@ -38,11 +38,7 @@ impl Member {
     /// take paths (`cp`, the sparse unpacker).
     pub fn path(&self) -> PathBuf {
         // By pid, not `self`: child processes (`cp`) open it too.
-        PathBuf::from(format!(
-            "/proc/{}/fd/{}",
-            std::process::id(),
-            self.file.as_raw_fd()
-        ))
+        PathBuf::from(format!("/proc/{}/fd/{}", std::process::id(), self.file.as_raw_fd()))
     }
 
     pub fn size(&self) -> u64 {
@@ -69,10 +65,7 @@ pub enum Origin {
 }
 
 fn bad(dir: &Path, why: String) -> SandboxError {
-    SandboxError::InvalidArgument(format!(
-        "{} is not a usable burrow checkpoint: {why}",
-        dir.display()
-    ))
+    SandboxError::InvalidArgument(format!("{} is not a usable burrow checkpoint: {why}", dir.display()))
 }
 
 /// Open `rel` beneath the directory `base` without following any symlink,
@@ -99,9 +92,7 @@ fn open_beneath(base: &File, dir: &Path, rel: &str, max: u64) -> Result<Member> 
     if fd < 0 {
         let e = std::io::Error::last_os_error();
         let why = match e.raw_os_error() {
-            Some(libc::ELOOP) | Some(libc::EXDEV) => {
-                "is a symlink or leads outside the checkpoint".to_string()
-            }
+            Some(libc::ELOOP) | Some(libc::EXDEV) => "is a symlink or leads outside the checkpoint".to_string(),
             Some(libc::ENOENT) => "is missing".to_string(),
             _ => e.to_string(),
         };
@@ -110,25 +101,14 @@ fn open_beneath(base: &File, dir: &Path, rel: &str, max: u64) -> Result<Member> 
     let fd = i32::try_from(fd).map_err(|_| bad(dir, format!("{rel}: bad descriptor")))?;
     // SAFETY: openat2 just returned this descriptor; nothing else owns it.
     let file = unsafe { File::from_raw_fd(fd) };
-    let meta = file
-        .metadata()
-        .map_err(|e| bad(dir, format!("{rel}: {e}")))?;
+    let meta = file.metadata().map_err(|e| bad(dir, format!("{rel}: {e}")))?;
     if !meta.file_type().is_file() {
         return Err(bad(dir, format!("{rel} is not a regular file")));
     }
     if meta.len() > max {
-        return Err(bad(
-            dir,
-            format!(
-                "{rel} is {} bytes, more than the {max} it may be",
-                meta.len()
-            ),
-        ));
+        return Err(bad(dir, format!("{rel} is {} bytes, more than the {max} it may be", meta.len())));
     }
-    Ok(Member {
-        file,
-        len: meta.len(),
-    })
+    Ok(Member { file, len: meta.len() })
 }
 
 /// Check checkpoint `dir` (its manifest already read and checked) from
@@ -141,50 +121,28 @@ pub fn take(dir: &Path, m: &Manifest, cfg: &Config, origin: Origin) -> Result<In
         ));
     }
     if m.vcpus == 0 || m.vcpus > cfg.vcpus.max {
-        return Err(bad(
-            dir,
-            format!("{} vCPUs; this host allows 1 to {}", m.vcpus, cfg.vcpus.max),
-        ));
+        return Err(bad(dir, format!("{} vCPUs; this host allows 1 to {}", m.vcpus, cfg.vcpus.max)));
     }
     if m.memory_mib == 0 || m.memory_mib > cfg.memory_mib.max {
         return Err(bad(
             dir,
-            format!(
-                "{} MiB of memory; this host allows at most {} MiB",
-                m.memory_mib, cfg.memory_mib.max
-            ),
+            format!("{} MiB of memory; this host allows at most {} MiB", m.memory_mib, cfg.memory_mib.max),
         ));
     }
     if let Some(vm) = &m.vm {
-        return Err(bad(
-            dir,
-            format!("names VM snapshot {vm:?}: only hibernation snapshots have chains"),
-        ));
+        return Err(bad(dir, format!("names VM snapshot {vm:?}: only hibernation snapshots have chains")));
     }
     let base = File::open(dir).map_err(|e| bad(dir, e.to_string()))?;
     let memory_bytes = m.memory_mib << 20;
     let (memory, disk) = if m.packed {
-        (
-            snapshot::packed(snapshot::MEMORY),
-            snapshot::packed(snapshot::ROOTFS),
-        )
+        (snapshot::packed(snapshot::MEMORY), snapshot::packed(snapshot::ROOTFS))
     } else {
         (snapshot::MEMORY.to_string(), snapshot::ROOTFS.to_string())
     };
     let vm = snapshot::VM_DIR;
     Ok(Intake {
-        state: open_beneath(
-            &base,
-            dir,
-            &format!("{vm}/{}", snapshot::STATE_FILE),
-            MAX_STATE,
-        )?,
-        memory: open_beneath(
-            &base,
-            dir,
-            &format!("{vm}/{memory}"),
-            memory_bytes + PACK_SLACK,
-        )?,
+        state: open_beneath(&base, dir, &format!("{vm}/{}", snapshot::STATE_FILE), MAX_STATE)?,
+        memory: open_beneath(&base, dir, &format!("{vm}/{memory}"), memory_bytes + PACK_SLACK)?,
         disk: open_beneath(&base, dir, &disk, MAX_DISK)?,
     })
 }
@@ -230,13 +188,7 @@ mod tests {
     #[test]
     fn a_good_checkpoint_is_taken_and_read_through_its_open_files() {
         let d = checkpoint();
-        let got = take(
-            d.path(),
-            &manifest(true),
-            &Config::default(),
-            Origin::Containerd,
-        )
-        .unwrap();
+        let got = take(d.path(), &manifest(true), &Config::default(), Origin::Containerd).unwrap();
         assert_eq!(std::fs::read(got.memory.path()).unwrap(), b"memory");
         assert_eq!(got.disk.size(), 4);
         // Swapping the file afterwards changes nothing: the open one is read.
@@ -264,14 +216,11 @@ mod tests {
         // A FIFO is refused at once, not waited on.
         let d = checkpoint();
         std::fs::remove_file(d.path().join("vm/state")).unwrap();
-        let fifo =
-            std::ffi::CString::new(d.path().join("vm/state").as_os_str().as_bytes()).unwrap();
+        let fifo = std::ffi::CString::new(d.path().join("vm/state").as_os_str().as_bytes()).unwrap();
         // SAFETY: mkfifo reads a valid C string.
         assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
         let start = std::time::Instant::now();
-        assert!(
-            refused(d.path(), &manifest(true), Origin::Containerd).contains("not a regular file")
-        );
+        assert!(refused(d.path(), &manifest(true), Origin::Containerd).contains("not a regular file"));
         assert!(start.elapsed() < std::time::Duration::from_secs(1));
     }
 

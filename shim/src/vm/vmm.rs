@@ -13,12 +13,12 @@ use std::fs::File;
 
 use burrow_vmm_api::layout;
 use burrow_vmm_api::messages::Answer;
+use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 use burrow_vmm_api::{ApiError, Command, ErrorKind, Line, Request, Response, SnapshotInfo};
 pub use burrow_vmm_api::{DiskArg, VmmArgs};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 use tokio::sync::watch;
-use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
 use crate::sandbox::{Result, SandboxError};
 
@@ -98,9 +98,7 @@ impl Vmm {
             .stdout(Stdio::null())
             .stderr(Stdio::from(log_file))
             .kill_on_drop(true);
-        if let Some(burrow_vmm_api::TapSource::Fd(fd)) =
-            launch.args.net.as_ref().map(|n| n.tap.clone())
-        {
+        if let Some(burrow_vmm_api::TapSource::Fd(fd)) = launch.args.net.as_ref().map(|n| n.tap.clone()) {
             // SAFETY: between fork and exec the closure only calls
             // fcntl(2), which is async-signal-safe: the tap (opened
             // close-on-exec in the shim) stays open in burrow-vmm alone.
@@ -232,12 +230,7 @@ impl Vmm {
     }
 
     /// [`Self::command`], passing `files` with it.
-    async fn command_with(
-        &self,
-        cmd: Command,
-        files: &[File],
-        timeout: Duration,
-    ) -> Result<Answer> {
+    async fn command_with(&self, cmd: Command, files: &[File], timeout: Duration) -> Result<Answer> {
         if let Some(r) = self.exit_reason() {
             return Err(SandboxError::Unavailable(r));
         }
@@ -273,9 +266,7 @@ impl Vmm {
 /// its jail sees no snapshot directory. Returns `dir` made absolute.
 fn snapshot_files(dir: &Path) -> Result<(PathBuf, [File; 2])> {
     use std::os::unix::fs::OpenOptionsExt;
-    let fail = |what: &Path, e: std::io::Error| {
-        SandboxError::io(format_args!("creating {}", what.display()), &e)
-    };
+    let fail = |what: &Path, e: std::io::Error| SandboxError::io(format_args!("creating {}", what.display()), &e);
     std::fs::create_dir_all(dir).map_err(|e| fail(dir, e))?;
     let dir = dir.canonicalize().map_err(|e| fail(dir, e))?;
     let new = |name: &str| {
@@ -324,10 +315,7 @@ pub async fn command_at_with(api: &Path, cmd: Command, files: &[File]) -> Result
             .send_with_fds(&[line.as_slice()], &fds)
             .map_err(|e| io(std::io::Error::from_raw_os_error(e.errno())))?;
         if sent != line.len() {
-            return Err(SandboxError::Internal(format!(
-                "burrow-vmm API took {sent} of {} bytes",
-                line.len()
-            )));
+            return Err(SandboxError::Internal(format!("burrow-vmm API took {sent} of {} bytes", line.len())));
         }
         UnixStream::from_std(std).map_err(io)?
     };
@@ -520,15 +508,11 @@ mod tests {
         let server = std::thread::spawn(move || {
             let (s, _) = l.accept().expect("accept");
             let mut buf = [0u8; 512];
-            let mut iov = [libc::iovec {
-                iov_base: buf.as_mut_ptr().cast(),
-                iov_len: buf.len(),
-            }];
+            let mut iov = [libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() }];
             let mut fds = [-1; 4];
             // SAFETY: the iovec points into `buf`.
             let (n, nfds) = unsafe { s.recv_with_fds(&mut iov, &mut fds) }.expect("recvmsg");
-            let req = Request::parse(buf.get(..n.saturating_sub(1)).unwrap_or_default())
-                .expect("request");
+            let req = Request::parse(buf.get(..n.saturating_sub(1)).unwrap_or_default()).expect("request");
             for (i, &fd) in fds.iter().take(nfds).enumerate() {
                 // SAFETY: recvmsg installed `fd` for this thread.
                 let mut f = unsafe { File::from_raw_fd(fd) };
@@ -543,55 +527,27 @@ mod tests {
                 memory_pages: 1,
                 took_ms: 1,
             };
-            (&s).write_all(&burrow_vmm_api::to_line(&Response::snapshot(
-                burrow_vmm_api::VmState::Paused,
-                info,
-            )))
-            .expect("reply");
+            (&s).write_all(&burrow_vmm_api::to_line(&Response::snapshot(burrow_vmm_api::VmState::Paused, info))).expect("reply");
             (req, nfds)
         });
         let (tx, exited) = watch::channel(None);
-        let vmm = Vmm {
-            pid: 0,
-            api,
-            exited,
-            failure: Arc::new(Mutex::new(None)),
-        };
+        let vmm = Vmm { pid: 0, api, exited, failure: Arc::new(Mutex::new(None)) };
         let target = dir.path().join("snap/vm-1");
         std::fs::create_dir(dir.path().join("snap")).expect("mkdir");
         vmm.snapshot(&target, true).await.expect("snapshot");
         drop(tx);
         let (req, nfds) = server.join().expect("server");
         assert_eq!(nfds, 2, "memory and state are passed");
-        let Command::Snapshot {
-            dir: got,
-            incremental,
-        } = req.cmd
-        else {
-            panic!("{req:?}")
-        };
-        assert_eq!(
-            (got, incremental),
-            (target.canonicalize().expect("made"), true)
-        );
+        let Command::Snapshot { dir: got, incremental } = req.cmd else { panic!("{req:?}") };
+        assert_eq!((got, incremental), (target.canonicalize().expect("made"), true));
         let read = |n: &str| std::fs::read_to_string(target.join(n)).expect(n);
         assert_eq!(read("memory"), "written through fd 0");
         assert_eq!(read("state"), "written through fd 1");
         use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(target.join("memory"))
-            .expect("stat")
-            .permissions()
-            .mode();
+        let mode = std::fs::metadata(target.join("memory")).expect("stat").permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
         // A second snapshot into the same directory is refused, not mixed.
-        let e = vmm
-            .snapshot(&target, false)
-            .await
-            .expect_err("the files exist");
-        assert!(
-            e.to_string()
-                .contains(&format!("creating {}", target.join("memory").display())),
-            "{e}"
-        );
+        let e = vmm.snapshot(&target, false).await.expect_err("the files exist");
+        assert!(e.to_string().contains(&format!("creating {}", target.join("memory").display())), "{e}");
     }
 }

@@ -246,10 +246,7 @@ fn vcpu_rules() -> Result<Rules, SeccompError> {
 fn watch_rules() -> Result<Rules, SeccompError> {
     let mut r = Rules::new();
     common(&mut r)?;
-    allow(
-        &mut r,
-        &[libc::SYS_getppid, libc::SYS_poll, libc::SYS_ppoll],
-    );
+    allow(&mut r, &[libc::SYS_getppid, libc::SYS_poll, libc::SYS_ppoll]);
     Ok(r)
 }
 

@@ -33,9 +33,7 @@ pub enum SnapshotError {
     UnsupportedVersion { found: u32 },
     #[error("snapshot state is {len} bytes, over the limit of {MAX_STATE_LEN}")]
     TooLarge { len: u64 },
-    #[error(
-        "snapshot state file is truncated: header says {expected} bytes of state, file has {found}"
-    )]
+    #[error("snapshot state file is truncated: header says {expected} bytes of state, file has {found}")]
     Truncated { expected: u64, found: u64 },
     #[error("snapshot state file has {0} unexpected bytes after the state")]
     TrailingData(u64),
@@ -145,11 +143,7 @@ pub fn write_state_file<T: Serialize>(path: &Path, state: &T) -> Result<(), Snap
 
 /// Write a state file into `f` (an empty file opened for writing;
 /// `path` names it in errors) and sync it.
-pub fn write_state_to<T: Serialize>(
-    f: &mut fs::File,
-    path: &Path,
-    state: &T,
-) -> Result<(), SnapshotError> {
+pub fn write_state_to<T: Serialize>(f: &mut fs::File, path: &Path, state: &T) -> Result<(), SnapshotError> {
     let bytes = encode(state)?;
     f.write_all(&bytes).map_err(io(path))?;
     f.sync_all().map_err(io(path))
@@ -213,71 +207,40 @@ mod tests {
         let mut corrupt = good.clone();
         let last = corrupt.len() - 2;
         corrupt[last] ^= 0x20;
-        assert!(matches!(
-            decode::<State>(&corrupt),
-            Err(SnapshotError::Checksum { .. })
-        ));
+        assert!(matches!(decode::<State>(&corrupt), Err(SnapshotError::Checksum { .. })));
 
         let truncated = &good[..good.len() - 5];
-        assert!(matches!(
-            decode::<State>(truncated),
-            Err(SnapshotError::Truncated { .. })
-        ));
-        assert!(matches!(
-            decode::<State>(&good[..10]),
-            Err(SnapshotError::Truncated { .. })
-        ));
+        assert!(matches!(decode::<State>(truncated), Err(SnapshotError::Truncated { .. })));
+        assert!(matches!(decode::<State>(&good[..10]), Err(SnapshotError::Truncated { .. })));
 
         let mut version = good.clone();
         version[8] = 9;
         let err = decode::<State>(&version).unwrap_err();
-        assert!(
-            err.to_string().contains("version 9 is not supported"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("version 9 is not supported"), "{err}");
         // Version 1 stored KVM structs as hex strings: not read any more.
         version[8] = 1;
         let err = decode::<State>(&version).unwrap_err();
-        assert!(
-            err.to_string()
-                .contains("version 1 is not supported (this burrow reads version 2)"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("version 1 is not supported (this burrow reads version 2)"), "{err}");
 
         let mut magic = good.clone();
         magic[0] = b'X';
-        assert!(matches!(
-            decode::<State>(&magic),
-            Err(SnapshotError::BadMagic)
-        ));
+        assert!(matches!(decode::<State>(&magic), Err(SnapshotError::BadMagic)));
 
         let mut huge = good.clone();
         huge[16..24].copy_from_slice(&(MAX_STATE_LEN + 1).to_le_bytes());
-        assert!(matches!(
-            decode::<State>(&huge),
-            Err(SnapshotError::TooLarge { .. })
-        ));
+        assert!(matches!(decode::<State>(&huge), Err(SnapshotError::TooLarge { .. })));
 
         let mut trailing = good.clone();
         trailing.push(0);
-        assert!(matches!(
-            decode::<State>(&trailing),
-            Err(SnapshotError::TrailingData(1))
-        ));
+        assert!(matches!(decode::<State>(&trailing), Err(SnapshotError::TrailingData(1))));
 
         let mut flags = good.clone();
         flags[12] = 1;
-        assert!(matches!(
-            decode::<State>(&flags),
-            Err(SnapshotError::UnknownFlags(1))
-        ));
+        assert!(matches!(decode::<State>(&flags), Err(SnapshotError::UnknownFlags(1))));
 
         // Valid frame, payload of the wrong shape.
         let other = encode(&vec![1u8, 2, 3]).unwrap();
-        assert!(matches!(
-            decode::<State>(&other),
-            Err(SnapshotError::Decode(_))
-        ));
+        assert!(matches!(decode::<State>(&other), Err(SnapshotError::Decode(_))));
     }
 
     #[test]

@@ -72,13 +72,7 @@ mod tests {
     use std::os::unix::fs::MetadataExt;
 
     fn rw_file(path: &std::path::Path) -> File {
-        std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(path)
-            .unwrap()
+        std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(path).unwrap()
     }
 
     #[test]
@@ -93,11 +87,7 @@ mod tests {
         assert_eq!(stats.pages_skipped, 254);
         let md = f.metadata().unwrap();
         assert_eq!(md.len(), mem.len() as u64);
-        assert!(
-            md.blocks() * 512 <= 16 * PAGE_SIZE as u64,
-            "{} blocks allocated",
-            md.blocks()
-        );
+        assert!(md.blocks() * 512 <= 16 * PAGE_SIZE as u64, "{} blocks allocated", md.blocks());
         let mut back = vec![0u8; mem.len()];
         f.read_exact_at(&mut back, 0).unwrap();
         assert_eq!(back, mem);

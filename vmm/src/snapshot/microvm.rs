@@ -156,24 +156,13 @@ pub fn validate(state: &MicrovmState) -> Result<(), RestoreError> {
         return Err(invalid("memory regions do not match the VM's memory size"));
     }
     if state.devices.len() > MAX_DEVICES {
-        return Err(invalid(format!(
-            "{} devices (at most {MAX_DEVICES})",
-            state.devices.len()
-        )));
+        return Err(invalid(format!("{} devices (at most {MAX_DEVICES})", state.devices.len())));
     }
-    let vsocks = state
-        .devices
-        .iter()
-        .filter(|d| matches!(d.device, DeviceState::Vsock(_)))
-        .count();
+    let vsocks = state.devices.iter().filter(|d| matches!(d.device, DeviceState::Vsock(_))).count();
     if vsocks > 1 {
         return Err(invalid(format!("{vsocks} vsock devices (at most one)")));
     }
-    let nics = state
-        .devices
-        .iter()
-        .filter(|d| matches!(d.device, DeviceState::Net(_)))
-        .count();
+    let nics = state.devices.iter().filter(|d| matches!(d.device, DeviceState::Net(_))).count();
     if nics > 1 {
         return Err(invalid(format!("{nics} network devices (at most one)")));
     }
@@ -187,10 +176,7 @@ pub fn validate(state: &MicrovmState) -> Result<(), RestoreError> {
 fn check_runs(runs: &[PageRun], total_pages: u64) -> Result<(), RestoreError> {
     let mut next = 0u64;
     for r in runs {
-        let end = r
-            .first
-            .checked_add(r.count)
-            .ok_or_else(|| invalid("page run overflows"))?;
+        let end = r.first.checked_add(r.count).ok_or_else(|| invalid("page run overflows"))?;
         if r.count == 0 || r.first < next || end > total_pages {
             return Err(invalid(format!(
                 "page run {}+{} is empty, out of order or outside {total_pages} pages",
@@ -228,10 +214,7 @@ pub fn runs_from_bitmaps(bitmaps: &[(Vec<u64>, u64)]) -> Vec<PageRun> {
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> RestoreError + '_ {
-    move |source| RestoreError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
+    move |source| RestoreError::Io { path: path.to_path_buf(), source }
 }
 
 /// Read and check `<dir>/state`, and check the memory files of its chain
@@ -245,26 +228,18 @@ pub fn load(dir: &Path) -> Result<(MicrovmState, Vec<(PathBuf, MemoryState)>), R
 
 /// The snapshot directories whose memory makes up `state`'s, newest first
 /// (the last one is a full snapshot), each with its memory file checked.
-fn memory_chain(
-    dir: &Path,
-    state: &MicrovmState,
-) -> Result<Vec<(PathBuf, MemoryState)>, RestoreError> {
+fn memory_chain(dir: &Path, state: &MicrovmState) -> Result<Vec<(PathBuf, MemoryState)>, RestoreError> {
     let mut chain = vec![(dir.to_path_buf(), state.memory.clone())];
     loop {
         let Some((cur_dir, cur)) = chain.last() else {
             return Err(invalid("empty chain"));
         };
         check_memory_file(cur_dir, cur)?;
-        let MemoryKind::Incremental {
-            base_dir, base_id, ..
-        } = &cur.kind
-        else {
+        let MemoryKind::Incremental { base_dir, base_id, .. } = &cur.kind else {
             return Ok(chain);
         };
         if chain.len() >= MAX_CHAIN {
-            return Err(invalid(format!(
-                "more than {MAX_CHAIN} incremental snapshots in a chain"
-            )));
+            return Err(invalid(format!("more than {MAX_CHAIN} incremental snapshots in a chain")));
         }
         let base: MicrovmState = read_state_file(&base_dir.join(STATE_FILE))?;
         validate(&base)?;
@@ -276,10 +251,7 @@ fn memory_chain(
             )));
         }
         if base.memory.regions != state.memory.regions {
-            return Err(invalid(format!(
-                "base snapshot {} has another memory layout",
-                base_dir.display()
-            )));
+            return Err(invalid(format!("base snapshot {} has another memory layout", base_dir.display())));
         }
         let next = (base_dir.clone(), base.memory);
         chain.push(next);
@@ -291,15 +263,10 @@ fn check_memory_file(dir: &Path, m: &MemoryState) -> Result<(), RestoreError> {
     let len = std::fs::metadata(&path).map_err(io(&path))?.len();
     let want = match &m.kind {
         MemoryKind::Full => m.total_bytes(),
-        MemoryKind::Incremental { runs, .. } => {
-            runs.iter().map(|r| r.count).sum::<u64>() * PAGE_SIZE as u64
-        }
+        MemoryKind::Incremental { runs, .. } => runs.iter().map(|r| r.count).sum::<u64>() * PAGE_SIZE as u64,
     };
     if len != want {
-        return Err(invalid(format!(
-            "{} is {len} bytes, expected {want}",
-            path.display()
-        )));
+        return Err(invalid(format!("{} is {len} bytes, expected {want}", path.display())));
     }
     Ok(())
 }
@@ -330,8 +297,7 @@ pub fn map_memory(chain: &[(PathBuf, MemoryState)]) -> Result<GuestMemoryMmap, R
         regions.push(region);
         offset += r.size;
     }
-    let mem =
-        GuestMemoryMmap::from_regions(regions).map_err(|e| RestoreError::Map(e.to_string()))?;
+    let mem = GuestMemoryMmap::from_regions(regions).map_err(|e| RestoreError::Map(e.to_string()))?;
     for (dir, m) in chain.iter().rev().skip(1) {
         let MemoryKind::Incremental { runs, .. } = &m.kind else {
             return Err(invalid("a full snapshot in the middle of a chain"));
@@ -364,8 +330,7 @@ fn apply_overlay(mem: &GuestMemoryMmap, path: &Path, runs: &[PageRun]) -> Result
     let mut file_off = 0u64;
     for r in runs {
         for p in r.first..r.first + r.count {
-            let dst =
-                page_ptr(mem, p).ok_or_else(|| invalid(format!("page {p} outside memory")))?;
+            let dst = page_ptr(mem, p).ok_or_else(|| invalid(format!("page {p} outside memory")))?;
             // SAFETY: one page inside the mapping, which outlives this call;
             // nothing runs the guest during restore.
             let dst = unsafe { std::slice::from_raw_parts_mut(dst, PAGE_SIZE) };
@@ -393,8 +358,7 @@ pub fn write_runs(file: &File, mem: &GuestMemoryMmap, runs: &[PageRun]) -> std::
     let mut off = 0u64;
     for r in runs {
         for p in r.first..r.first + r.count {
-            let src = page_ptr(mem, p)
-                .ok_or_else(|| std::io::Error::other(format!("page {p} outside memory")))?;
+            let src = page_ptr(mem, p).ok_or_else(|| std::io::Error::other(format!("page {p} outside memory")))?;
             // SAFETY: one page inside the mapping; the vCPUs are paused.
             let src = unsafe { std::slice::from_raw_parts(src, PAGE_SIZE) };
             file.write_all_at(src, off)?;
@@ -418,84 +382,40 @@ mod tests {
             runs,
             vec![
                 PageRun { first: 0, count: 3 },
-                PageRun {
-                    first: 64,
-                    count: 1
-                },
-                PageRun {
-                    first: 130,
-                    count: 1
-                },
-                PageRun {
-                    first: 139,
-                    count: 1
-                },
+                PageRun { first: 64, count: 1 },
+                PageRun { first: 130, count: 1 },
+                PageRun { first: 139, count: 1 },
             ]
         );
         // Bits past a region's end are ignored; a bitmap shorter than the region is fine.
-        assert_eq!(
-            runs_from_bitmaps(&[(vec![u64::MAX], 3)]),
-            vec![PageRun { first: 0, count: 3 }]
-        );
+        assert_eq!(runs_from_bitmaps(&[(vec![u64::MAX], 3)]), vec![PageRun { first: 0, count: 3 }]);
         assert!(runs_from_bitmaps(&[(vec![], 100)]).is_empty());
         // Last page of region 0 and first of region 1 join into one run.
         let runs = runs_from_bitmaps(&[(vec![0, 0, 1 << 1], 130), (vec![1], 10)]);
-        assert_eq!(
-            runs,
-            vec![PageRun {
-                first: 129,
-                count: 2
-            }]
-        );
+        assert_eq!(runs, vec![PageRun { first: 129, count: 2 }]);
     }
 
     #[test]
     fn vmm_writes_to_guest_memory_are_marked_dirty() {
         use vm_memory::Bytes;
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 16 * PAGE_SIZE)]).unwrap();
-        mem.write_obj(1u32, GuestAddress(5 * PAGE_SIZE as u64 + 8))
-            .unwrap();
+        mem.write_obj(1u32, GuestAddress(5 * PAGE_SIZE as u64 + 8)).unwrap();
         let mut buf = [7u8; 2];
-        mem.write_slice(&buf, GuestAddress(9 * PAGE_SIZE as u64 - 1))
-            .unwrap(); // straddles 8 and 9
-        mem.read_slice(&mut buf, GuestAddress(12 * PAGE_SIZE as u64))
-            .unwrap(); // reads do not count
+        mem.write_slice(&buf, GuestAddress(9 * PAGE_SIZE as u64 - 1)).unwrap(); // straddles 8 and 9
+        mem.read_slice(&mut buf, GuestAddress(12 * PAGE_SIZE as u64)).unwrap(); // reads do not count
         let region = mem.iter().next().unwrap();
         let mapping: &vm_memory::mmap::MmapRegion<AtomicBitmap> = region;
-        let dirty: Vec<usize> = (0..16)
-            .filter(|&p| mapping.bitmap().is_bit_set(p))
-            .collect();
+        let dirty: Vec<usize> = (0..16).filter(|&p| mapping.bitmap().is_bit_set(p)).collect();
         assert_eq!(dirty, vec![5, 8, 9]);
     }
 
     #[test]
     fn page_runs_are_checked() {
-        assert!(check_runs(
-            &[
-                PageRun { first: 0, count: 2 },
-                PageRun { first: 5, count: 1 }
-            ],
-            10
-        )
-        .is_ok());
-        assert!(check_runs(
-            &[
-                PageRun { first: 5, count: 1 },
-                PageRun { first: 0, count: 2 }
-            ],
-            10
-        )
-        .is_err());
+        assert!(check_runs(&[PageRun { first: 0, count: 2 }, PageRun { first: 5, count: 1 }], 10).is_ok());
+        assert!(check_runs(&[PageRun { first: 5, count: 1 }, PageRun { first: 0, count: 2 }], 10).is_err());
         assert!(check_runs(&[PageRun { first: 9, count: 2 }], 10).is_err());
         assert!(check_runs(&[PageRun { first: 1, count: 0 }], 10).is_err());
-        assert!(check_runs(
-            &[PageRun {
-                first: u64::MAX,
-                count: 2
-            }],
-            10
-        )
-        .is_err());
+        assert!(check_runs(&[PageRun { first: u64::MAX, count: 2 }], 10).is_err());
     }
 
     #[test]
@@ -505,10 +425,7 @@ mod tests {
         let (full, inc) = (dir.path().join("full"), dir.path().join("inc"));
         std::fs::create_dir_all(&full).unwrap();
         std::fs::create_dir_all(&inc).unwrap();
-        let regions = vec![RegionState {
-            guest_addr: 0,
-            size: 16 * PAGE_SIZE as u64,
-        }];
+        let regions = vec![RegionState { guest_addr: 0, size: 16 * PAGE_SIZE as u64 }];
         let mut base = vec![0u8; 16 * PAGE_SIZE];
         base[3 * PAGE_SIZE] = 1;
         base[7 * PAGE_SIZE] = 2;
@@ -518,24 +435,11 @@ mod tests {
         std::fs::write(inc.join(MEMORY_FILE), &overlay).unwrap();
         let runs = vec![PageRun { first: 7, count: 2 }];
         let chain = vec![
-            (
-                inc.clone(),
-                MemoryState {
-                    regions: regions.clone(),
-                    kind: MemoryKind::Incremental {
-                        base_dir: full.clone(),
-                        base_id: 1,
-                        runs,
-                    },
-                },
-            ),
-            (
-                full.clone(),
-                MemoryState {
-                    regions,
-                    kind: MemoryKind::Full,
-                },
-            ),
+            (inc.clone(), MemoryState {
+                regions: regions.clone(),
+                kind: MemoryKind::Incremental { base_dir: full.clone(), base_id: 1, runs },
+            }),
+            (full.clone(), MemoryState { regions, kind: MemoryKind::Full }),
         ];
         let mem = map_memory(&chain).unwrap();
         let b = |a: u64| mem.read_obj::<u8>(GuestAddress(a)).unwrap();
@@ -543,11 +447,7 @@ mod tests {
         assert_eq!(b(7 * PAGE_SIZE as u64), 9, "overlaid page");
         assert_eq!(b(8 * PAGE_SIZE as u64 + 5), 8);
         // Private mapping: guest writes never reach the file.
-        mem.write_obj(0x77u8, GuestAddress(3 * PAGE_SIZE as u64))
-            .unwrap();
-        assert_eq!(
-            std::fs::read(full.join(MEMORY_FILE)).unwrap()[3 * PAGE_SIZE],
-            1
-        );
+        mem.write_obj(0x77u8, GuestAddress(3 * PAGE_SIZE as u64)).unwrap();
+        assert_eq!(std::fs::read(full.join(MEMORY_FILE)).unwrap()[3 * PAGE_SIZE], 1);
     }
 }

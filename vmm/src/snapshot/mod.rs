@@ -6,14 +6,12 @@ pub mod format;
 pub mod kvm_serde;
 pub mod memory;
 pub mod microvm;
-#[cfg(test)]
-mod persist_tests;
 pub mod vcpu;
 pub mod vm;
+#[cfg(test)]
+mod persist_tests;
 
-pub use format::{
-    read_state_file, write_state_file, write_state_to, SnapshotError, FORMAT_VERSION, MAX_STATE_LEN,
-};
+pub use format::{read_state_file, write_state_file, write_state_to, SnapshotError, FORMAT_VERSION, MAX_STATE_LEN};
 
 /// Save a part of the VM (a device, a vCPU, the VM itself) to a plain state
 /// value, and rebuild it from one. Every device implements this, and one

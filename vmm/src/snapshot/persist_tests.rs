@@ -8,8 +8,8 @@ use std::fmt::Debug;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::GuestMemoryMmap;
 use virtio_queue::QueueT;
+use crate::GuestMemoryMmap;
 use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -22,9 +22,7 @@ use crate::devices::serial::{IrqEvt, Serial};
 use crate::devices::virtio::block::persist::BlockContext;
 use crate::devices::virtio::block::Block;
 use crate::devices::virtio::mmio::MmioTransport;
-use crate::devices::virtio::persist::{
-    DeviceContext, DeviceState, MmioContext, VirtioPersistError,
-};
+use crate::devices::virtio::persist::{DeviceContext, DeviceState, MmioContext, VirtioPersistError};
 use crate::devices::virtio::queue::testing::{memory, DriverQueue, VIRTQ_DESC_F_WRITE};
 use crate::devices::virtio::vsock::persist::{VsockContext, VIRTIO_VSOCK_EVENT_TRANSPORT_RESET};
 use crate::devices::virtio::vsock::Vsock;
@@ -42,11 +40,7 @@ where
     let decoded: T::State = decode(&bytes).expect("state decodes");
     assert_eq!(decoded, saved, "state survives the state file");
     let rebuilt = T::restore(ctx(&decoded), &decoded).expect("part restores from its own state");
-    assert_eq!(
-        rebuilt.save(),
-        saved,
-        "the rebuilt part saves the same state"
-    );
+    assert_eq!(rebuilt.save(), saved, "the rebuilt part saves the same state");
     rebuilt
 }
 
@@ -70,15 +64,11 @@ struct Fixture {
 
 impl Fixture {
     fn new(name: &str) -> Self {
-        let dir =
-            std::env::temp_dir().join(format!("burrow-persist-{}-{name}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("burrow-persist-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("disk.img"), vec![7u8; 64 * 512]).unwrap();
-        Self {
-            dir,
-            mem: memory(1 << 20),
-        }
+        Self { dir, mem: memory(1 << 20) }
     }
     fn disk(&self) -> PathBuf {
         self.dir.join("disk.img")
@@ -89,20 +79,11 @@ impl Fixture {
     /// What a driver hands over: `queues`, a fresh interrupt, VERSION_1.
     fn active(&self, queues: Vec<virtio_queue::Queue>) -> Active {
         let irq = IrqTrigger::new().unwrap();
-        Active {
-            mem: self.mem.clone(),
-            queues,
-            irq,
-            acked_features: VIRTIO_F_VERSION_1,
-        }
+        Active { mem: self.mem.clone(), queues, irq, acked_features: VIRTIO_F_VERSION_1 }
     }
 
     fn device_ctx(&self, acked_features: u64) -> DeviceContext {
-        DeviceContext {
-            mem: self.mem.clone(),
-            irq: IrqTrigger::new().unwrap(),
-            acked_features,
-        }
+        DeviceContext { mem: self.mem.clone(), irq: IrqTrigger::new().unwrap(), acked_features }
     }
     /// Queues of `sizes` in guest memory, advanced as if they had been used.
     fn queues(&self, sizes: &[u16]) -> Vec<virtio_queue::Queue> {
@@ -153,11 +134,7 @@ fn transport(fx: &Fixture, dev: Box<dyn VirtioDevice>) -> MmioTransport {
     w(&mut t, REG_STATUS, STATUS_ACKNOWLEDGE | STATUS_DRIVER);
     w(&mut t, REG_DRIVER_FEATURES_SEL, 1);
     w(&mut t, REG_DRIVER_FEATURES, 1);
-    w(
-        &mut t,
-        REG_STATUS,
-        STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_FEATURES_OK,
-    );
+    w(&mut t, REG_STATUS, STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_FEATURES_OK);
     for (i, &s) in sizes.iter().enumerate() {
         let dq = DriverQueue::new(0x1000 + 0x4000 * i as u64, s);
         w(&mut t, REG_QUEUE_SEL, i as u32);
@@ -174,32 +151,11 @@ fn transport(fx: &Fixture, dev: Box<dyn VirtioDevice>) -> MmioTransport {
 }
 
 /// Rebuild the device a transport state carries, as the VMM does.
-fn device_from(
-    fx: &Fixture,
-    s: &crate::devices::virtio::persist::MmioState,
-) -> Box<dyn VirtioDevice> {
+fn device_from(fx: &Fixture, s: &crate::devices::virtio::persist::MmioState) -> Box<dyn VirtioDevice> {
     let ctx = fx.device_ctx(s.registers.acked_features);
     match &s.device {
-        DeviceState::Block(b) => Box::new(
-            Block::restore(
-                BlockContext {
-                    path: fx.disk(),
-                    device: ctx,
-                },
-                b,
-            )
-            .unwrap(),
-        ),
-        DeviceState::Vsock(v) => Box::new(
-            Vsock::restore(
-                VsockContext {
-                    uds_path: fx.sock(),
-                    device: ctx,
-                },
-                v,
-            )
-            .unwrap(),
-        ),
+        DeviceState::Block(b) => Box::new(Block::restore(BlockContext { path: fx.disk(), device: ctx }, b).unwrap()),
+        DeviceState::Vsock(v) => Box::new(Vsock::restore(VsockContext { uds_path: fx.sock(), device: ctx }, v).unwrap()),
         DeviceState::Net(_) => panic!("the NIC's round trip is in devices/virtio/net/tests.rs"),
         DeviceState::Unsupported(t) => panic!("device type {t} has no snapshot support"),
     }
@@ -227,33 +183,21 @@ fn i8042_with_output(_: &Fixture) -> I8042 {
 persist_round_trip!(
     serial_round_trip,
     serial_with_input,
-    |_: &Fixture, _: &_| SerialContext {
-        irq: IrqEvt(evt()),
-        out: Box::new(std::io::sink())
-    },
-    |_: &Fixture, s: &Serial| assert_eq!(
-        (s.save().0.scratch, s.save().0.in_buffer),
-        (0x5a, b"abc".to_vec())
-    )
+    |_: &Fixture, _: &_| SerialContext { irq: IrqEvt(evt()), out: Box::new(std::io::sink()) },
+    |_: &Fixture, s: &Serial| assert_eq!((s.save().0.scratch, s.save().0.in_buffer), (0x5a, b"abc".to_vec()))
 );
 
 persist_round_trip!(
     i8042_round_trip,
     i8042_with_output,
-    |_: &Fixture, _: &_| I8042Context {
-        irq: evt(),
-        reset: evt()
-    },
+    |_: &Fixture, _: &_| I8042Context { irq: evt(), reset: evt() },
     |_: &Fixture, k: &I8042| assert_eq!(k.save().pending_cmd, Some(0x60))
 );
 
 persist_round_trip!(
     block_round_trip,
     active_block,
-    |fx: &Fixture, _: &_| BlockContext {
-        path: fx.disk(),
-        device: fx.device_ctx(VIRTIO_F_VERSION_1)
-    },
+    |fx: &Fixture, _: &_| BlockContext { path: fx.disk(), device: fx.device_ctx(VIRTIO_F_VERSION_1) },
     |_: &Fixture, b: &Block| {
         assert!(b.is_activated());
         let q = b.save().base.active.unwrap().queues;
@@ -264,10 +208,7 @@ persist_round_trip!(
 persist_round_trip!(
     vsock_round_trip,
     active_vsock,
-    |fx: &Fixture, _: &_| VsockContext {
-        uds_path: fx.sock(),
-        device: fx.device_ctx(VIRTIO_F_VERSION_1)
-    },
+    |fx: &Fixture, _: &_| VsockContext { uds_path: fx.sock(), device: fx.device_ctx(VIRTIO_F_VERSION_1) },
     |fx: &Fixture, v: &Vsock| {
         assert!(v.is_activated());
         assert!(fx.sock().exists(), "host socket listens again");
@@ -277,11 +218,7 @@ persist_round_trip!(
 persist_round_trip!(
     mmio_block_round_trip,
     |fx: &Fixture| transport(fx, Box::new(Block::open(&fx.disk(), true).unwrap())),
-    |fx: &Fixture, s: &_| MmioContext {
-        device: device_from(fx, s),
-        mem: fx.mem.clone(),
-        irq: IrqTrigger::new().unwrap()
-    },
+    |fx: &Fixture, s: &_| MmioContext { device: device_from(fx, s), mem: fx.mem.clone(), irq: IrqTrigger::new().unwrap() },
     |_: &Fixture, t: &MmioTransport| {
         assert!(t.device().is_activated());
         assert_eq!(t.registers().features_sel, 1);
@@ -291,40 +228,20 @@ persist_round_trip!(
 persist_round_trip!(
     mmio_vsock_round_trip,
     |fx: &Fixture| transport(fx, Box::new(Vsock::new(9, &fx.sock()).unwrap())),
-    |fx: &Fixture, s: &_| MmioContext {
-        device: device_from(fx, s),
-        mem: fx.mem.clone(),
-        irq: IrqTrigger::new().unwrap()
-    },
-    |_: &Fixture, t: &MmioTransport| assert!(
-        matches!(t.save().device, DeviceState::Vsock(ref v) if v.cid == 9)
-    )
+    |fx: &Fixture, s: &_| MmioContext { device: device_from(fx, s), mem: fx.mem.clone(), irq: IrqTrigger::new().unwrap() },
+    |_: &Fixture, t: &MmioTransport| assert!(matches!(t.save().device, DeviceState::Vsock(ref v) if v.cid == 9))
 );
 
 #[test]
 fn serial_restores_its_registers_and_input() {
     let fx = Fixture::new("serial-regs");
     let s = serial_with_input(&fx);
-    let mut r = Serial::restore(
-        SerialContext {
-            irq: IrqEvt(evt()),
-            out: Box::new(std::io::sink()),
-        },
-        &s.save(),
-    )
-    .unwrap();
+    let mut r = Serial::restore(SerialContext { irq: IrqEvt(evt()), out: Box::new(std::io::sink()) }, &s.save()).unwrap();
     assert_eq!(r.read(7), 0x5a, "scratch register");
     assert_eq!(r.read(0), b'a', "pending input survives");
     let mut too_much = s.save();
     too_much.0.in_buffer = vec![0; 1 << 16];
-    assert!(Serial::restore(
-        SerialContext {
-            irq: IrqEvt(evt()),
-            out: Box::new(std::io::sink())
-        },
-        &too_much
-    )
-    .is_err());
+    assert!(Serial::restore(SerialContext { irq: IrqEvt(evt()), out: Box::new(std::io::sink()) }, &too_much).is_err());
 }
 
 #[test]
@@ -333,64 +250,29 @@ fn restore_refuses_state_that_does_not_fit() {
     // A disk of another size.
     let mut st = active_block(&fx).save();
     st.capacity += 1;
-    let e = Block::restore(
-        BlockContext {
-            path: fx.disk(),
-            device: fx.device_ctx(0),
-        },
-        &st,
-    )
-    .err()
-    .unwrap();
+    let e = Block::restore(BlockContext { path: fx.disk(), device: fx.device_ctx(0) }, &st).err().unwrap();
     assert!(e.to_string().contains("bytes"), "{e}");
     // A queue outside guest memory.
     let mut st = active_block(&fx).save();
     if let Some(a) = st.base.active.as_mut() {
         a.queues[0].0.desc_table = 0xfff_0000;
     }
-    let e = Block::restore(
-        BlockContext {
-            path: fx.disk(),
-            device: fx.device_ctx(0),
-        },
-        &st,
-    )
-    .err()
-    .unwrap();
-    assert!(
-        matches!(e, VirtioPersistError::Queue { index: 0, .. }),
-        "{e}"
-    );
+    let e = Block::restore(BlockContext { path: fx.disk(), device: fx.device_ctx(0) }, &st).err().unwrap();
+    assert!(matches!(e, VirtioPersistError::Queue { index: 0, .. }), "{e}");
     // A queue larger than the device offers.
     let mut st = active_vsock(&fx).save();
     if let Some(a) = st.base.active.as_mut() {
         a.queues[2].0.max_size = 1024;
     }
-    assert!(Vsock::restore(
-        VsockContext {
-            uds_path: fx.sock(),
-            device: fx.device_ctx(0)
-        },
-        &st
-    )
-    .is_err());
+    assert!(Vsock::restore(VsockContext { uds_path: fx.sock(), device: fx.device_ctx(0) }, &st).is_err());
     // Too few queues.
     let mut st = active_vsock(&fx).save();
     if let Some(a) = st.base.active.as_mut() {
         a.queues.pop();
     }
     assert!(matches!(
-        Vsock::restore(
-            VsockContext {
-                uds_path: fx.sock(),
-                device: fx.device_ctx(0)
-            },
-            &st
-        ),
-        Err(VirtioPersistError::QueueCount {
-            expected: 3,
-            found: 2
-        })
+        Vsock::restore(VsockContext { uds_path: fx.sock(), device: fx.device_ctx(0) }, &st),
+        Err(VirtioPersistError::QueueCount { expected: 3, found: 2 })
     ));
     // A transport state for another device type.
     let t = transport(&fx, Box::new(Block::open(&fx.disk(), true).unwrap()));
@@ -400,21 +282,11 @@ fn restore_refuses_state_that_does_not_fit() {
         mem: fx.mem.clone(),
         irq: IrqTrigger::new().unwrap(),
     };
-    assert!(matches!(
-        MmioTransport::restore(ctx, &st),
-        Err(VirtioPersistError::DeviceType { .. })
-    ));
+    assert!(matches!(MmioTransport::restore(ctx, &st), Err(VirtioPersistError::DeviceType { .. })));
     // An i8042 buffer over its size.
     let mut st = i8042_with_output(&fx).save();
     st.buf = vec![0; 100];
-    assert!(I8042::restore(
-        I8042Context {
-            irq: evt(),
-            reset: evt()
-        },
-        &st
-    )
-    .is_err());
+    assert!(I8042::restore(I8042Context { irq: evt(), reset: evt() }, &st).is_err());
 }
 
 #[test]
@@ -429,21 +301,12 @@ fn vsock_sends_transport_reset_after_restore() {
         .map(|(i, &s)| DriverQueue::new(0x1000 + 0x4000 * i as u64, s).queue(&fx.mem))
         .collect();
     let irq = IrqTrigger::new().unwrap();
-    v.activate(Active {
-        irq,
-        ..fx.active(queues)
-    })
-    .unwrap();
-    fx.mem
-        .write_obj(0xffff_ffffu32, GuestAddress(0x20000))
-        .unwrap();
+    v.activate(Active { irq, ..fx.active(queues) }).unwrap();
+    fx.mem.write_obj(0xffff_ffffu32, GuestAddress(0x20000)).unwrap();
     evq.set_desc(&fx.mem, 0, 0x20000, 8, VIRTQ_DESC_F_WRITE, 0);
     evq.push_avail(&fx.mem, 0);
     let st = v.save();
-    let ctx = VsockContext {
-        uds_path: fx.sock(),
-        device: fx.device_ctx(VIRTIO_F_VERSION_1),
-    };
+    let ctx = VsockContext { uds_path: fx.sock(), device: fx.device_ctx(VIRTIO_F_VERSION_1) };
     let irq_evt = ctx.device.irq.evt.clone();
     let mut r = Vsock::restore(ctx, &st).unwrap();
     r.on_restored().unwrap();
@@ -465,35 +328,13 @@ fn block_serves_a_request_posted_before_the_snapshot() {
     fx.mem.write_obj(0u32, GuestAddress(0x8000)).unwrap(); // VIRTIO_BLK_T_IN
     fx.mem.write_obj(0u64, GuestAddress(0x8008)).unwrap();
     dq.set_desc(&fx.mem, 0, 0x8000, 16, VIRTQ_DESC_F_NEXT, 1);
-    dq.set_desc(
-        &fx.mem,
-        1,
-        0x9000,
-        512,
-        VIRTQ_DESC_F_NEXT | VIRTQ_DESC_F_WRITE,
-        2,
-    );
+    dq.set_desc(&fx.mem, 1, 0x9000, 512, VIRTQ_DESC_F_NEXT | VIRTQ_DESC_F_WRITE, 2);
     dq.set_desc(&fx.mem, 2, 0xa000, 1, VIRTQ_DESC_F_WRITE, 0);
     dq.push_avail(&fx.mem, 0);
     let st = b.save();
-    let mut r = Block::restore(
-        BlockContext {
-            path: fx.disk(),
-            device: fx.device_ctx(VIRTIO_F_VERSION_1),
-        },
-        &st,
-    )
-    .unwrap();
+    let mut r = Block::restore(BlockContext { path: fx.disk(), device: fx.device_ctx(VIRTIO_F_VERSION_1) }, &st).unwrap();
     assert_eq!(dq.used_idx(&fx.mem), 0);
     r.on_restored().unwrap();
-    assert_eq!(
-        dq.used_idx(&fx.mem),
-        1,
-        "pending request served after restore"
-    );
-    assert_eq!(
-        fx.mem.read_obj::<u8>(GuestAddress(0x9000)).unwrap(),
-        7,
-        "disk data read"
-    );
+    assert_eq!(dq.used_idx(&fx.mem), 1, "pending request served after restore");
+    assert_eq!(fx.mem.read_obj::<u8>(GuestAddress(0x9000)).unwrap(), 7, "disk data read");
 }

@@ -8,8 +8,7 @@ use kvm_ioctls::Kvm;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{
-    ioctl, lock, new_irqfd, new_vm, register_memory, serial_output, wire_virtio, MmioDevice, Parts,
-    Vmm, VmmError,
+    ioctl, lock, new_irqfd, MmioDevice, new_vm, register_memory, serial_output, wire_virtio, Parts, Vmm, VmmError,
 };
 use crate::bus::Bus;
 use crate::config::SerialOutput;
@@ -61,14 +60,10 @@ pub fn check_restore(opts: &RestoreConfig, state: &MicrovmState) -> Result<(), V
         .collect();
     // Slots come back with what was attached (checked like a disk), or
     // with the paths given after the disks' (in slot order).
-    let slots: Vec<_> = state
-        .devices
-        .iter()
-        .filter_map(|d| match &d.device {
-            DeviceState::Block(b) if b.slot.is_some() && !b.path.as_os_str().is_empty() => Some(b),
-            _ => None,
-        })
-        .collect();
+    let slots: Vec<_> = state.devices.iter().filter_map(|d| match &d.device {
+        DeviceState::Block(b) if b.slot.is_some() && !b.path.as_os_str().is_empty() => Some(b),
+        _ => None,
+    }).collect();
     let n = opts.disks.len();
     if n != 0 && n != disks.len() && n != disks.len() + slots.len() {
         return Err(VmmError::Restore(format!(
@@ -77,18 +72,12 @@ pub fn check_restore(opts: &RestoreConfig, state: &MicrovmState) -> Result<(), V
             slots.len()
         )));
     }
-    let given = disks
-        .iter()
-        .chain(slots.iter())
-        .enumerate()
-        .map(|(i, b)| (opts.disks.get(i).unwrap_or(&b.path), *b));
+    let given = disks.iter().chain(slots.iter()).enumerate().map(|(i, b)| (opts.disks.get(i).unwrap_or(&b.path), *b));
     for (path, b) in given {
         let len = std::fs::File::open(path)
             .and_then(|f| crate::devices::virtio::block::disk_bytes(&f))
             .map_err(|e| VmmError::Restore(format!("disk {}: {e}", path.display())))?;
-        let want = b
-            .capacity
-            .saturating_mul(crate::devices::virtio::block::SECTOR_SIZE);
+        let want = b.capacity.saturating_mul(crate::devices::virtio::block::SECTOR_SIZE);
         if len != want {
             return Err(VmmError::Restore(format!(
                 "disk {} is {len} bytes, the snapshot's disk was {want} bytes",
@@ -119,9 +108,7 @@ impl Vmm {
         let dirty_log = match register_memory(&vm, &mem, true) {
             Ok(()) => true,
             Err(e) => {
-                tracing::warn!(
-                    "dirty logging unavailable ({e}); incremental snapshots will be refused"
-                );
+                tracing::warn!("dirty logging unavailable ({e}); incremental snapshots will be refused");
                 register_memory(&vm, &mem, false)?;
                 false
             }
@@ -145,35 +132,20 @@ impl Vmm {
         let out = serial_output(&opts.serial, &panicked)?;
         let serial_irq = new_irqfd(&vm, IRQ_SERIAL)?;
         irqfds.push(serial_irq.clone());
-        let serial = Serial::restore(
-            SerialContext {
-                irq: IrqEvt(serial_irq),
-                out,
-            },
-            &state.serial,
-        )
-        .map_err(|e| restore_err(&e))?;
+        let serial = Serial::restore(SerialContext { irq: IrqEvt(serial_irq), out }, &state.serial)
+            .map_err(|e| restore_err(&e))?;
         let kbd_irq = new_irqfd(&vm, IRQ_I8042)?;
         irqfds.push(kbd_irq.clone());
-        let reset_evt =
-            Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmmError::Io("eventfd", e))?);
-        let i8042 = I8042::restore(
-            I8042Context {
-                irq: kbd_irq,
-                reset: reset_evt.clone(),
-            },
-            &state.i8042,
-        )
-        .map_err(|e| restore_err(&e))?;
+        let reset_evt = Arc::new(
+            EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmmError::Io("eventfd", e))?,
+        );
+        let i8042 = I8042::restore(I8042Context { irq: kbd_irq, reset: reset_evt.clone() }, &state.i8042)
+            .map_err(|e| restore_err(&e))?;
 
         let mut devices = Vec::new();
         let mut mmio = Vec::new();
         // Given paths replace the disks', then the filled slots'.
-        let n_disks = state
-            .devices
-            .iter()
-            .filter(|d| matches!(&d.device, DeviceState::Block(b) if b.slot.is_none()))
-            .count();
+        let n_disks = state.devices.iter().filter(|d| matches!(&d.device, DeviceState::Block(b) if b.slot.is_none())).count();
         let mut disk_no = 0;
         let mut slot_no = 0;
         for (i, ms) in state.devices.iter().enumerate() {
@@ -183,84 +155,43 @@ impl Vmm {
                 DeviceState::Vsock(_) => 3,
                 DeviceState::Net(_) => 2,
                 DeviceState::Unsupported(t) => {
-                    return Err(VmmError::Restore(format!(
-                        "device {i}: type {t} cannot be restored"
-                    )))
+                    return Err(VmmError::Restore(format!("device {i}: type {t} cannot be restored")))
                 }
             };
             let w = wire_virtio(&vm, i, max_sizes)?;
-            let ctx = DeviceContext {
-                mem: mem.clone(),
-                irq: w.irq.clone(),
-                acked_features: ms.registers.acked_features,
-            };
+            let ctx = DeviceContext { mem: mem.clone(), irq: w.irq.clone(), acked_features: ms.registers.acked_features };
             let dev: Box<dyn VirtioDevice> = match &ms.device {
                 DeviceState::Block(b) => {
                     let path = match b.slot {
                         Some(_) if b.path.as_os_str().is_empty() => b.path.clone(),
                         Some(_) => {
                             slot_no += 1;
-                            opts.disks
-                                .get(n_disks + slot_no - 1)
-                                .cloned()
-                                .unwrap_or_else(|| b.path.clone())
+                            opts.disks.get(n_disks + slot_no - 1).cloned().unwrap_or_else(|| b.path.clone())
                         }
                         None => {
                             disk_no += 1;
-                            opts.disks
-                                .get(disk_no - 1)
-                                .cloned()
-                                .unwrap_or_else(|| b.path.clone())
+                            opts.disks.get(disk_no - 1).cloned().unwrap_or_else(|| b.path.clone())
                         }
                     };
-                    Box::new(
-                        Block::restore(BlockContext { path, device: ctx }, b)
-                            .map_err(|e| dev_err(&e))?,
-                    )
+                    Box::new(Block::restore(BlockContext { path, device: ctx }, b).map_err(|e| dev_err(&e))?)
                 }
                 DeviceState::Vsock(v) => {
                     let uds_path = opts.vsock.clone().unwrap_or_else(|| v.uds_path.clone());
-                    Box::new(
-                        Vsock::restore(
-                            VsockContext {
-                                uds_path,
-                                device: ctx,
-                            },
-                            v,
-                        )
-                        .map_err(|e| dev_err(&e))?,
-                    )
+                    Box::new(Vsock::restore(VsockContext { uds_path, device: ctx }, v).map_err(|e| dev_err(&e))?)
                 }
                 DeviceState::Net(n) => {
-                    let source = opts
-                        .net
-                        .clone()
-                        .unwrap_or_else(|| burrow_vmm_api::TapSource::Name(n.tap_name.clone()));
+                    let source = opts.net.clone().unwrap_or_else(|| burrow_vmm_api::TapSource::Name(n.tap_name.clone()));
                     let tap = Tap::open(&source).map_err(|e| dev_err(&e))?;
-                    Box::new(
-                        Net::restore(NetContext { tap, device: ctx }, n)
-                            .map_err(|e| dev_err(&e))?,
-                    )
+                    Box::new(Net::restore(NetContext { tap, device: ctx }, n).map_err(|e| dev_err(&e))?)
                 }
                 DeviceState::Unsupported(_) => return Err(dev_err(&"unsupported")),
             };
             let backend_fd = dev.backend_fd();
-            let transport = MmioTransport::restore(
-                MmioContext {
-                    device: dev,
-                    mem: mem.clone(),
-                    irq: w.irq,
-                },
-                ms,
-            )
-            .map_err(|e| dev_err(&e))?;
+            let transport = MmioTransport::restore(MmioContext { device: dev, mem: mem.clone(), irq: w.irq }, ms)
+                .map_err(|e| dev_err(&e))?;
             let transport = Arc::new(Mutex::new(transport));
             mmio.push((w.base, transport.clone()));
-            devices.push(MmioDevice {
-                transport,
-                queue_evts: w.queue_evts,
-                backend_fd,
-            });
+            devices.push(MmioDevice { transport, queue_evts: w.queue_evts, backend_fd });
         }
         // Devices that tell the guest about the restore (vsock's transport
         // reset) do so now that the irqchip and every device are in place.
@@ -271,12 +202,7 @@ impl Vmm {
         }
 
         let dir = opts.dir.canonicalize().unwrap_or_else(|_| opts.dir.clone());
-        tracing::info!(
-            "restored {} vCPUs, {} MiB from {}",
-            state.vcpu_count,
-            state.mem_mib,
-            dir.display()
-        );
+        tracing::info!("restored {} vCPUs, {} MiB from {}", state.vcpu_count, state.mem_mib, dir.display());
         Self::assemble(Parts {
             kvm,
             vm,
@@ -287,11 +213,7 @@ impl Vmm {
             last_snapshot: Some((dir, state.id)),
             pending_vcpus,
             msr_list,
-            bus: Bus {
-                serial: Arc::new(Mutex::new(serial)),
-                i8042: Arc::new(Mutex::new(i8042)),
-                mmio,
-            },
+            bus: Bus { serial: Arc::new(Mutex::new(serial)), i8042: Arc::new(Mutex::new(i8042)), mmio },
             devices,
             reset_evt,
             panicked,

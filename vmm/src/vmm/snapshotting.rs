@@ -41,10 +41,7 @@ fn err(kind: ApiErrorKind, message: impl Into<String>) -> ApiError {
 
 /// A snapshot-module error with the kind its cause has.
 fn typed(e: &(dyn std::error::Error + 'static)) -> ApiError {
-    err(
-        failure_kind(e).unwrap_or(ApiErrorKind::Internal),
-        e.to_string(),
-    )
+    err(failure_kind(e).unwrap_or(ApiErrorKind::Internal), e.to_string())
 }
 
 /// The two files of a snapshot, opened by the controller and passed over
@@ -68,24 +65,12 @@ impl Vmm {
     ) -> Result<SnapshotInfo, ApiError> {
         if let Some(f) = &files {
             if !dir.is_absolute() {
-                return Err(err(
-                    ApiErrorKind::InvalidRequest,
-                    format!(
-                        "snapshot files passed with a relative dir {}",
-                        dir.display()
-                    ),
-                ));
+                return Err(err(ApiErrorKind::InvalidRequest, format!("snapshot files passed with a relative dir {}", dir.display())));
             }
             for (what, file) in [("memory", &f.memory), ("state", &f.state)] {
-                let len = file
-                    .metadata()
-                    .map_err(io("cannot stat the passed file for", Path::new(what)))?
-                    .len();
+                let len = file.metadata().map_err(io("cannot stat the passed file for", Path::new(what)))?.len();
                 if len != 0 {
-                    return Err(err(
-                        ApiErrorKind::InvalidRequest,
-                        format!("the {what} file passed is not empty ({len} bytes)"),
-                    ));
+                    return Err(err(ApiErrorKind::InvalidRequest, format!("the {what} file passed is not empty ({len} bytes)")));
                 }
             }
         }
@@ -107,10 +92,7 @@ impl Vmm {
                 return Err(err(ApiErrorKind::InvalidState, "incremental snapshot needs a full snapshot (or a restore) first: KVM is not logging dirty pages yet"));
             }
             let Some((base_dir, base_id)) = self.last_snapshot.clone() else {
-                return Err(err(
-                    ApiErrorKind::InvalidState,
-                    "incremental snapshot needs a full snapshot first",
-                ));
+                return Err(err(ApiErrorKind::InvalidState, "incremental snapshot needs a full snapshot first"));
             };
             Some((base_dir, base_id))
         } else {
@@ -124,13 +106,7 @@ impl Vmm {
         };
         if let Some((base_dir, _)) = &base {
             if *base_dir == dir {
-                return Err(err(
-                    ApiErrorKind::InvalidRequest,
-                    format!(
-                        "{} holds the base snapshot; write the incremental one elsewhere",
-                        dir.display()
-                    ),
-                ));
+                return Err(err(ApiErrorKind::InvalidRequest, format!("{} holds the base snapshot; write the incremental one elsewhere", dir.display())));
             }
         }
 
@@ -143,34 +119,20 @@ impl Vmm {
                 .map(|(id, v)| vcpu::save_state(id, v, &list))
                 .collect::<Vec<_>>()
         } else {
-            self.control.save_all(&self.threads).ok_or_else(|| {
-                err(
-                    ApiErrorKind::Timeout,
-                    "vCPUs did not save their state (a vCPU thread exited or hung)",
-                )
-            })?
+            self.control
+                .save_all(&self.threads)
+                .ok_or_else(|| err(ApiErrorKind::Timeout, "vCPUs did not save their state (a vCPU thread exited or hung)"))?
         };
-        let vcpus = vcpus
-            .into_iter()
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| err(ApiErrorKind::Internal, e))?;
-        let vm =
-            snapshot::vm::save(&self.vm).map_err(|e| err(ApiErrorKind::Internal, e.to_string()))?;
+        let vcpus = vcpus.into_iter().collect::<Result<Vec<_>, _>>().map_err(|e| err(ApiErrorKind::Internal, e))?;
+        let vm = snapshot::vm::save(&self.vm).map_err(|e| err(ApiErrorKind::Internal, e.to_string()))?;
         let serial = lock(&self.bus.serial).save();
         let i8042 = lock(&self.bus.i8042).save();
-        let devices: Vec<_> = self
-            .devices
-            .iter()
-            .map(|d| lock(&d.transport).save())
-            .collect();
+        let devices: Vec<_> = self.devices.iter().map(|d| lock(&d.transport).save()).collect();
         if let Some(t) = devices.iter().find_map(|d| match d.device {
             DeviceState::Unsupported(t) => Some(t),
             _ => None,
         }) {
-            return Err(err(
-                ApiErrorKind::Unsupported,
-                format!("device type {t} does not support snapshots"),
-            ));
+            return Err(err(ApiErrorKind::Unsupported, format!("device type {t} does not support snapshots")));
         }
 
         // Memory: written to a temporary name and renamed, so a VM restored
@@ -182,11 +144,7 @@ impl Vmm {
             Some(f) => (f.memory, Some(f.state), dir.join(MEMORY_FILE)),
             None => {
                 let tmp = dir.join(format!("{MEMORY_FILE}.tmp"));
-                (
-                    File::create(&tmp).map_err(io("cannot create", &tmp))?,
-                    None,
-                    tmp,
-                )
+                (File::create(&tmp).map_err(io("cannot create", &tmp))?, None, tmp)
             }
         };
         let regions = microvm::regions_for(self.mem_mib);
@@ -195,9 +153,7 @@ impl Vmm {
                 let mut offset = 0u64;
                 let mut pages = 0;
                 for slice in microvm::region_slices(&self.mem) {
-                    pages += write_sparse(&file, offset, slice)
-                        .map_err(io("cannot write", &tmp))?
-                        .pages_written;
+                    pages += write_sparse(&file, offset, slice).map_err(io("cannot write", &tmp))?.pages_written;
                     offset += slice.len() as u64;
                 }
                 self.start_dirty_log()?;
@@ -205,16 +161,8 @@ impl Vmm {
             }
             Some((base_dir, base_id)) => {
                 let runs = self.take_dirty_pages()?;
-                let pages = microvm::write_runs(&file, &self.mem, &runs)
-                    .map_err(io("cannot write", &tmp))?;
-                (
-                    MemoryKind::Incremental {
-                        base_dir,
-                        base_id,
-                        runs,
-                    },
-                    pages,
-                )
+                let pages = microvm::write_runs(&file, &self.mem, &runs).map_err(io("cannot write", &tmp))?;
+                (MemoryKind::Incremental { base_dir, base_id, runs }, pages)
             }
         };
         file.sync_all().map_err(io("cannot sync", &tmp))?;
@@ -268,9 +216,7 @@ impl Vmm {
             match super::register_memory(&self.vm, &self.mem, true) {
                 Ok(()) => self.dirty_log = true,
                 Err(e) => {
-                    tracing::warn!(
-                        "cannot enable dirty logging ({e}); incremental snapshots will be refused"
-                    );
+                    tracing::warn!("cannot enable dirty logging ({e}); incremental snapshots will be refused");
                     return Ok(());
                 }
             }

@@ -79,21 +79,9 @@ mod tests {
     #[test]
     fn apic_id_and_hypervisor_bit() {
         let entries = [
-            kvm_cpuid_entry2 {
-                function: 1,
-                edx: EDX_HTT,
-                ..Default::default()
-            },
-            kvm_cpuid_entry2 {
-                function: 0xa,
-                eax: 0x0703_0105,
-                ..Default::default()
-            },
-            kvm_cpuid_entry2 {
-                function: 0xb,
-                index: 1,
-                ..Default::default()
-            },
+            kvm_cpuid_entry2 { function: 1, edx: EDX_HTT, ..Default::default() },
+            kvm_cpuid_entry2 { function: 0xa, eax: 0x0703_0105, ..Default::default() },
+            kvm_cpuid_entry2 { function: 0xb, index: 1, ..Default::default() },
         ];
         let mut cpuid = CpuId::from_entries(&entries).unwrap();
         filter(&mut cpuid, 3, 1);

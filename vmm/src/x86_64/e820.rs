@@ -63,23 +63,9 @@ mod tests {
     fn small_guest_has_low_and_high_ram() {
         let map = e820_map(128 << 20);
         assert_eq!(map.len(), 3);
-        assert_eq!(
-            map[0],
-            E820Entry {
-                addr: 0,
-                size: EBDA_START,
-                kind: E820_RAM
-            }
-        );
+        assert_eq!(map[0], E820Entry { addr: 0, size: EBDA_START, kind: E820_RAM });
         assert_eq!(map[1].kind, E820_RESERVED);
-        assert_eq!(
-            map[2],
-            E820Entry {
-                addr: HIMEM_START,
-                size: (128 << 20) - HIMEM_START,
-                kind: E820_RAM
-            }
-        );
+        assert_eq!(map[2], E820Entry { addr: HIMEM_START, size: (128 << 20) - HIMEM_START, kind: E820_RAM });
     }
 
     #[test]

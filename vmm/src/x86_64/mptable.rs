@@ -26,10 +26,7 @@ const MP_EXTINT: u8 = 3;
 pub const MAX_CPUS: u8 = 254;
 
 fn checksum(bytes: &[u8]) -> u8 {
-    bytes
-        .iter()
-        .fold(0u8, |a, b| a.wrapping_add(*b))
-        .wrapping_neg()
+    bytes.iter().fold(0u8, |a, b| a.wrapping_add(*b)).wrapping_neg()
 }
 
 /// Build the MP floating pointer and configuration table as bytes placed at

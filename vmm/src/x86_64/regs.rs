@@ -1,9 +1,9 @@
 //! Initial vCPU state for the two boot protocols: GDT, identity page tables,
 //! segment/control registers, general registers, FPU, boot MSRs and LAPIC.
 
-use crate::GuestMemoryMmap;
 use kvm_bindings::{kvm_fpu, kvm_msr_entry, kvm_regs, kvm_segment, kvm_sregs, Msrs};
 use kvm_ioctls::VcpuFd;
+use crate::GuestMemoryMmap;
 use vm_memory::{Bytes, GuestAddress};
 
 use super::layout::{
@@ -333,9 +333,6 @@ mod tests {
 
     #[test]
     fn apic_mode_bits() {
-        assert_eq!(
-            set_apic_delivery_mode(0x0001_0700, APIC_MODE_NMI),
-            0x0001_0400
-        );
+        assert_eq!(set_apic_delivery_mode(0x0001_0700, APIC_MODE_NMI), 0x0001_0400);
     }
 }

@@ -98,9 +98,7 @@ impl I8042 {
                         let _ = self.reset.write(1);
                     }
                     CMD_READ_CTR => self.push(self.ctr),
-                    CMD_WRITE_CTR | CMD_WRITE_OUTP | CMD_WRITE_AUX => {
-                        self.pending_cmd = Some(value)
-                    }
+                    CMD_WRITE_CTR | CMD_WRITE_OUTP | CMD_WRITE_AUX => self.pending_cmd = Some(value),
                     CMD_READ_OUTP => self.push(self.outp),
                     CMD_SELF_TEST => self.push(0x55),
                     CMD_TEST_KBD => self.push(0x00),

@@ -7,8 +7,8 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use crate::GuestMemoryMmap;
 use virtio_queue::{Queue, QueueT};
+use crate::GuestMemoryMmap;
 use vm_memory::{Bytes, GuestAddress};
 
 use super::block::Block;
@@ -52,10 +52,7 @@ pub fn run(data: &[u8]) {
         return;
     };
     let n = image.len().min(MEM_SIZE);
-    if mem
-        .write_slice(image.get(..n).unwrap_or_default(), GuestAddress(0))
-        .is_err()
-    {
+    if mem.write_slice(image.get(..n).unwrap_or_default(), GuestAddress(0)).is_err() {
         return;
     }
     let Ok(irq) = IrqTrigger::new() else {
@@ -67,12 +64,7 @@ pub fn run(data: &[u8]) {
                 return;
             };
             let Some(q) = queue(&mem) else { return };
-            let active = Active {
-                mem: mem.clone(),
-                queues: vec![q],
-                irq,
-                acked_features: 0,
-            };
+            let active = Active { mem: mem.clone(), queues: vec![q], irq, acked_features: 0 };
             if blk.activate(active).is_ok() {
                 let _ = blk.process_queue(0);
             }
@@ -86,12 +78,7 @@ pub fn run(data: &[u8]) {
             let (Some(a), Some(b), Some(c)) = (queue(&mem), queue(&mem), queue(&mem)) else {
                 return;
             };
-            let active = Active {
-                mem: mem.clone(),
-                queues: vec![a, b, c],
-                irq,
-                acked_features: 0,
-            };
+            let active = Active { mem: mem.clone(), queues: vec![a, b, c], irq, acked_features: 0 };
             if v.activate(active).is_ok() {
                 let _ = v.process_queue(if which == 1 { 1 } else { 0 });
             }
@@ -123,11 +110,7 @@ mod tests {
         }
         for i in 0..u64::from(QUEUE_SIZE) {
             let r = rng.next();
-            let addr = if r % 8 == 0 {
-                rng.next()
-            } else {
-                0x3000 + (rng.next() % 0x1000)
-            };
+            let addr = if r % 8 == 0 { rng.next() } else { 0x3000 + (rng.next() % 0x1000) };
             let len = match r % 5 {
                 0 => rng.next() as u32,
                 1 => 44,
@@ -142,11 +125,7 @@ mod tests {
             m[o + 12..o + 14].copy_from_slice(&flags.to_le_bytes());
             m[o + 14..o + 16].copy_from_slice(&next.to_le_bytes());
         }
-        let avail_idx = if rng.next() % 10 == 0 {
-            rng.next() as u16
-        } else {
-            (rng.next() % 17) as u16
-        };
+        let avail_idx = if rng.next() % 10 == 0 { rng.next() as u16 } else { (rng.next() % 17) as u16 };
         m[AVAIL as usize + 2..AVAIL as usize + 4].copy_from_slice(&avail_idx.to_le_bytes());
         for i in 0..usize::from(QUEUE_SIZE) {
             let head = (rng.next() % 18) as u16;

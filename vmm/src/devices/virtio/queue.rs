@@ -5,9 +5,9 @@
 use std::num::Wrapping;
 use std::sync::atomic::Ordering;
 
-use crate::GuestMemoryMmap;
 use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
+use crate::GuestMemoryMmap;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum QueueError {
@@ -79,8 +79,8 @@ pub fn add_used(
 /// Test helpers: a driver-side view of a split queue in guest memory.
 #[cfg(test)]
 pub mod testing {
-    use crate::GuestMemoryMmap;
     use virtio_queue::{Queue, QueueT};
+    use crate::GuestMemoryMmap;
     use vm_memory::{Bytes, GuestAddress};
 
     pub const VIRTQ_DESC_F_NEXT: u16 = 1;
@@ -100,38 +100,21 @@ pub mod testing {
             let desc = base;
             let avail = desc + 16 * u64::from(size);
             let used = (avail + 6 + 2 * u64::from(size) + 3) & !3;
-            Self {
-                size,
-                desc,
-                avail,
-                used,
-                avail_idx: 0,
-            }
+            Self { size, desc, avail, used, avail_idx: 0 }
         }
 
         pub fn queue(&self, mem: &GuestMemoryMmap) -> Queue {
             let mut q = Queue::new(self.size).unwrap();
             q.set_size(self.size);
-            q.try_set_desc_table_address(GuestAddress(self.desc))
-                .unwrap();
-            q.try_set_avail_ring_address(GuestAddress(self.avail))
-                .unwrap();
-            q.try_set_used_ring_address(GuestAddress(self.used))
-                .unwrap();
+            q.try_set_desc_table_address(GuestAddress(self.desc)).unwrap();
+            q.try_set_avail_ring_address(GuestAddress(self.avail)).unwrap();
+            q.try_set_used_ring_address(GuestAddress(self.used)).unwrap();
             q.set_ready(true);
             assert!(q.is_valid(mem));
             q
         }
 
-        pub fn set_desc(
-            &self,
-            mem: &GuestMemoryMmap,
-            i: u16,
-            addr: u64,
-            len: u32,
-            flags: u16,
-            next: u16,
-        ) {
+        pub fn set_desc(&self, mem: &GuestMemoryMmap, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
             let a = GuestAddress(self.desc + 16 * u64::from(i));
             mem.write_obj(addr, a).unwrap();
             mem.write_obj(len, GuestAddress(a.0 + 8)).unwrap();
@@ -142,11 +125,9 @@ pub mod testing {
         /// Publish a chain head in the avail ring.
         pub fn push_avail(&mut self, mem: &GuestMemoryMmap, head: u16) {
             let slot = u64::from(self.avail_idx % self.size);
-            mem.write_obj(head, GuestAddress(self.avail + 4 + 2 * slot))
-                .unwrap();
+            mem.write_obj(head, GuestAddress(self.avail + 4 + 2 * slot)).unwrap();
             self.avail_idx = self.avail_idx.wrapping_add(1);
-            mem.write_obj(self.avail_idx, GuestAddress(self.avail + 2))
-                .unwrap();
+            mem.write_obj(self.avail_idx, GuestAddress(self.avail + 2)).unwrap();
         }
 
         /// Overwrite the avail index (to test bogus values).
@@ -162,10 +143,7 @@ pub mod testing {
         /// (id, len) of used entry `n`.
         pub fn used_elem(&self, mem: &GuestMemoryMmap, n: u16) -> (u32, u32) {
             let a = self.used + 4 + 8 * u64::from(n % self.size);
-            (
-                mem.read_obj(GuestAddress(a)).unwrap(),
-                mem.read_obj(GuestAddress(a + 4)).unwrap(),
-            )
+            (mem.read_obj(GuestAddress(a)).unwrap(), mem.read_obj(GuestAddress(a + 4)).unwrap())
         }
     }
 
@@ -185,10 +163,7 @@ mod tests {
         let mut dq = DriverQueue::new(0x1000, 16);
         let mut q = dq.queue(&mem);
         dq.set_avail_idx(&mem, 100);
-        assert!(matches!(
-            pop_chain(&mut q, &mem),
-            Err(QueueError::AvailIdxOutOfRange { .. })
-        ));
+        assert!(matches!(pop_chain(&mut q, &mem), Err(QueueError::AvailIdxOutOfRange { .. })));
     }
 
     #[test]
@@ -200,10 +175,7 @@ mod tests {
         dq.set_desc(&mem, 1, 0x8000, 16, VIRTQ_DESC_F_NEXT, 0);
         dq.push_avail(&mem, 0);
         let mut chain = pop_chain(&mut q, &mem).unwrap().unwrap();
-        assert_eq!(
-            collect_chain(&mut chain).err(),
-            Some(QueueError::ChainTooLong)
-        );
+        assert_eq!(collect_chain(&mut chain).err(), Some(QueueError::ChainTooLong));
     }
 
     #[test]
@@ -213,10 +185,7 @@ mod tests {
         let mut q = dq.queue(&mem);
         dq.push_avail(&mem, 200);
         let mut chain = pop_chain(&mut q, &mem).unwrap().unwrap();
-        assert_eq!(
-            collect_chain(&mut chain).err(),
-            Some(QueueError::EmptyChain)
-        );
+        assert_eq!(collect_chain(&mut chain).err(), Some(QueueError::EmptyChain));
     }
 
     #[test]
@@ -227,10 +196,7 @@ mod tests {
         dq.set_desc(&mem, 0, 0x8000, 16, VIRTQ_DESC_F_NEXT, 9);
         dq.push_avail(&mem, 0);
         let mut chain = pop_chain(&mut q, &mem).unwrap().unwrap();
-        assert_eq!(
-            collect_chain(&mut chain).err(),
-            Some(QueueError::ChainTooLong)
-        );
+        assert_eq!(collect_chain(&mut chain).err(), Some(QueueError::ChainTooLong));
     }
 
     #[test]

@@ -39,12 +39,7 @@ impl Block {
 
     /// [`Self::attach`] with the file already open (`file`: a jailed VMM
     /// cannot open host paths; `path` is then only its name).
-    pub fn attach_file(
-        &mut self,
-        file: Option<std::fs::File>,
-        path: &Path,
-        read_only: bool,
-    ) -> Result<(), SlotError> {
+    pub fn attach_file(&mut self, file: Option<std::fs::File>, path: &Path, read_only: bool) -> Result<(), SlotError> {
         if self.slot.is_none() {
             return Err(SlotError::NotASlot);
         }

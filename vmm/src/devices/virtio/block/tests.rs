@@ -31,13 +31,7 @@ fn fixture(read_only: bool, name: &str) -> Fixture {
     let mut blk = Block::open(&path, read_only).unwrap();
     let queues = vec![dq.queue(&mem)];
     let irq = IrqTrigger::new().unwrap();
-    blk.activate(Active {
-        mem: mem.clone(),
-        queues,
-        irq,
-        acked_features: 0,
-    })
-    .unwrap();
+    blk.activate(Active { mem: mem.clone(), queues, irq, acked_features: 0 }).unwrap();
     Fixture { mem, dq, blk, path }
 }
 
@@ -53,14 +47,7 @@ fn header(mem: &GuestMemoryMmap, kind: u32, sector: u64) {
 
 fn three_desc(fx: &mut Fixture, data_len: u32, data_flags: u16) {
     fx.dq.set_desc(&fx.mem, 0, HDR, 16, VIRTQ_DESC_F_NEXT, 1);
-    fx.dq.set_desc(
-        &fx.mem,
-        1,
-        DATA,
-        data_len,
-        VIRTQ_DESC_F_NEXT | data_flags,
-        2,
-    );
+    fx.dq.set_desc(&fx.mem, 1, DATA, data_len, VIRTQ_DESC_F_NEXT | data_flags, 2);
     fx.dq.set_desc(&fx.mem, 2, STATUS, 1, VIRTQ_DESC_F_WRITE, 0);
     fx.mem.write_obj(0xffu8, GuestAddress(STATUS)).unwrap();
     fx.dq.push_avail(&fx.mem, 0);
@@ -87,9 +74,7 @@ fn read_sector() {
 #[test]
 fn write_then_flush() {
     let mut fx = fixture(false, "write");
-    fx.mem
-        .write_slice(&[0x5a; 1024], GuestAddress(DATA))
-        .unwrap();
+    fx.mem.write_slice(&[0x5a; 1024], GuestAddress(DATA)).unwrap();
     header(&fx.mem, VIRTIO_BLK_T_OUT, 6);
     three_desc(&mut fx, 1024, 0);
     fx.blk.process_queue(0).unwrap();
@@ -150,32 +135,17 @@ fn malformed_chains_are_device_errors() {
     // data address outside guest memory
     header(&fx.mem, VIRTIO_BLK_T_IN, 0);
     fx.dq.set_desc(&fx.mem, 0, HDR, 16, VIRTQ_DESC_F_NEXT, 1);
-    fx.dq.set_desc(
-        &fx.mem,
-        1,
-        u64::MAX - 100,
-        512,
-        VIRTQ_DESC_F_NEXT | VIRTQ_DESC_F_WRITE,
-        2,
-    );
+    fx.dq.set_desc(&fx.mem, 1, u64::MAX - 100, 512, VIRTQ_DESC_F_NEXT | VIRTQ_DESC_F_WRITE, 2);
     fx.dq.set_desc(&fx.mem, 2, STATUS, 1, VIRTQ_DESC_F_WRITE, 0);
     fx.dq.push_avail(&fx.mem, 0);
     fx.blk.process_queue(0).unwrap();
     assert_eq!(status(&fx), VIRTIO_BLK_S_IOERR);
     // huge length
-    fx.dq.set_desc(
-        &fx.mem,
-        1,
-        DATA,
-        u32::MAX,
-        VIRTQ_DESC_F_NEXT | VIRTQ_DESC_F_WRITE,
-        2,
-    );
+    fx.dq.set_desc(&fx.mem, 1, DATA, u32::MAX, VIRTQ_DESC_F_NEXT | VIRTQ_DESC_F_WRITE, 2);
     fx.dq.push_avail(&fx.mem, 0);
     fx.blk.process_queue(0).unwrap();
     // header outside memory
-    fx.dq
-        .set_desc(&fx.mem, 0, 0xffff_ffff_0000, 16, VIRTQ_DESC_F_NEXT, 2);
+    fx.dq.set_desc(&fx.mem, 0, 0xffff_ffff_0000, 16, VIRTQ_DESC_F_NEXT, 2);
     fx.dq.push_avail(&fx.mem, 0);
     fx.blk.process_queue(0).unwrap();
     // loop
@@ -191,11 +161,7 @@ fn malformed_chains_are_device_errors() {
     fx.dq.set_desc(&fx.mem, 0, HDR, 16, VIRTQ_DESC_F_WRITE, 0);
     fx.dq.push_avail(&fx.mem, 0);
     fx.blk.process_queue(0).unwrap();
-    assert!(
-        fx.blk.error_count() >= 5,
-        "errors: {}",
-        fx.blk.error_count()
-    );
+    assert!(fx.blk.error_count() >= 5, "errors: {}", fx.blk.error_count());
     assert_eq!(fx.dq.used_idx(&fx.mem), 6, "every chain is returned");
     // a head index out of range cannot be returned: a queue-level error
     fx.dq.push_avail(&fx.mem, 1000);

@@ -170,9 +170,7 @@ impl Muxer {
     fn push_ctrl(&mut self, h: Header) {
         if self.ctrl.len() >= MAX_CTRL_QUEUE {
             self.errors += 1;
-            tracing::warn!(
-                "vsock: control queue full (guest posts no RX buffers); dropping packet"
-            );
+            tracing::warn!("vsock: control queue full (guest posts no RX buffers); dropping packet");
             return;
         }
         self.ctrl.push_back(h);
@@ -254,9 +252,7 @@ impl Muxer {
 
     /// Handle one packet the guest sent.
     pub fn handle_tx(&mut self, hdr: &Header, data: &[u8]) {
-        if hdr.dst_cid != HOST_CID
-            || hdr.src_cid != self.guest_cid
-            || hdr.type_ != VSOCK_TYPE_STREAM
+        if hdr.dst_cid != HOST_CID || hdr.src_cid != self.guest_cid || hdr.type_ != VSOCK_TYPE_STREAM
         {
             self.errors += 1;
             tracing::debug!("vsock: dropping packet {hdr:?}");
@@ -337,9 +333,7 @@ impl Muxer {
         };
         let token = self.next_token;
         self.next_token += 1;
-        if stream.set_nonblocking(true).is_err()
-            || self.register(stream.as_raw_fd(), token).is_err()
-        {
+        if stream.set_nonblocking(true).is_err() || self.register(stream.as_raw_fd(), token).is_err() {
             self.rst_reply(hdr);
             return;
         }
@@ -437,13 +431,7 @@ impl Muxer {
                     {
                         continue;
                     }
-                    self.pending.insert(
-                        token,
-                        PendingHost {
-                            stream,
-                            line: Vec::new(),
-                        },
-                    );
+                    self.pending.insert(token, PendingHost { stream, line: Vec::new() });
                     // The CONNECT line may already be there.
                     self.read_connect_line(token);
                 }

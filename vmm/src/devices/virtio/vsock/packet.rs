@@ -85,18 +85,7 @@ mod tests {
     #[test]
     fn header_round_trip_and_size() {
         assert_eq!(HEADER_SIZE, virtio_vsock::packet::PKT_HEADER_SIZE);
-        let h = Header {
-            src_cid: 2,
-            dst_cid: 3,
-            src_port: 7,
-            dst_port: 9,
-            len: 11,
-            type_: 1,
-            op: OP_RW,
-            flags: 3,
-            buf_alloc: 99,
-            fwd_cnt: 5,
-        };
+        let h = Header { src_cid: 2, dst_cid: 3, src_port: 7, dst_port: 9, len: 11, type_: 1, op: OP_RW, flags: 3, buf_alloc: 99, fwd_cnt: 5 };
         assert_eq!(Header::from_bytes(&h.to_bytes()), h);
     }
 

@@ -49,15 +49,7 @@ fn guest(name: &str) -> Guest {
             acked_features: 0,
         })
         .unwrap();
-    let mut g = Guest {
-        mem,
-        rxq,
-        txq,
-        vsock,
-        rx_seen: 0,
-        tx_next: 0,
-        dir,
-    };
+    let mut g = Guest { mem, rxq, txq, vsock, rx_seen: 0, tx_next: 0, dir };
     for i in 0..8 {
         g.post_rx(i);
     }
@@ -68,16 +60,8 @@ impl Guest {
     fn post_rx(&mut self, i: u16) {
         let addr = RX_BUFS + u64::from(i) * 0x2000;
         // header and data in separate descriptors, as Linux 6.1 posts them
-        self.rxq.set_desc(
-            &self.mem,
-            2 * i,
-            addr,
-            HEADER_SIZE as u32,
-            VIRTQ_DESC_F_WRITE | VIRTQ_DESC_F_NEXT,
-            2 * i + 1,
-        );
-        self.rxq
-            .set_desc(&self.mem, 2 * i + 1, addr + 64, 4096, VIRTQ_DESC_F_WRITE, 0);
+        self.rxq.set_desc(&self.mem, 2 * i, addr, HEADER_SIZE as u32, VIRTQ_DESC_F_WRITE | VIRTQ_DESC_F_NEXT, 2 * i + 1);
+        self.rxq.set_desc(&self.mem, 2 * i + 1, addr + 64, 4096, VIRTQ_DESC_F_WRITE, 0);
         self.rxq.push_avail(&self.mem, 2 * i);
     }
 
@@ -92,9 +76,7 @@ impl Guest {
             self.mem.read_slice(&mut raw, GuestAddress(addr)).unwrap();
             let h = Header::from_bytes(&raw);
             let mut data = vec![0u8; h.len as usize];
-            self.mem
-                .read_slice(&mut data, GuestAddress(addr + 64))
-                .unwrap();
+            self.mem.read_slice(&mut data, GuestAddress(addr + 64)).unwrap();
             assert_eq!(len as usize, HEADER_SIZE + data.len());
             out.push((h, data));
             self.post_rx(id as u16 / 2);
@@ -108,24 +90,13 @@ impl Guest {
         let addr = TX_BUFS + u64::from(slot) * 0x2000;
         let mut h = h;
         h.len = data.len() as u32;
-        self.mem
-            .write_slice(&h.to_bytes(), GuestAddress(addr))
-            .unwrap();
+        self.mem.write_slice(&h.to_bytes(), GuestAddress(addr)).unwrap();
         self.mem.write_slice(data, GuestAddress(addr + 64)).unwrap();
         if data.is_empty() {
-            self.txq
-                .set_desc(&self.mem, 2 * slot, addr, HEADER_SIZE as u32, 0, 0);
+            self.txq.set_desc(&self.mem, 2 * slot, addr, HEADER_SIZE as u32, 0, 0);
         } else {
-            self.txq.set_desc(
-                &self.mem,
-                2 * slot,
-                addr,
-                HEADER_SIZE as u32,
-                VIRTQ_DESC_F_NEXT,
-                2 * slot + 1,
-            );
-            self.txq
-                .set_desc(&self.mem, 2 * slot + 1, addr + 64, data.len() as u32, 0, 0);
+            self.txq.set_desc(&self.mem, 2 * slot, addr, HEADER_SIZE as u32, VIRTQ_DESC_F_NEXT, 2 * slot + 1);
+            self.txq.set_desc(&self.mem, 2 * slot + 1, addr + 64, data.len() as u32, 0, 0);
         }
         self.txq.push_avail(&self.mem, 2 * slot);
         self.vsock.process_queue(TXQ).unwrap();
@@ -144,18 +115,7 @@ impl Guest {
     }
 
     fn hdr(&self, src_port: u32, dst_port: u32, op: u16) -> Header {
-        Header {
-            src_cid: CID,
-            dst_cid: HOST_CID,
-            src_port,
-            dst_port,
-            len: 0,
-            type_: VSOCK_TYPE_STREAM,
-            op,
-            flags: 0,
-            buf_alloc: 65536,
-            fwd_cnt: 0,
-        }
+        Header { src_cid: CID, dst_cid: HOST_CID, src_port, dst_port, len: 0, type_: VSOCK_TYPE_STREAM, op, flags: 0, buf_alloc: 65536, fwd_cnt: 0 }
     }
 }
 
@@ -174,10 +134,7 @@ fn host_initiated_round_trip() {
     let pkts = g.pump();
     assert_eq!(pkts.len(), 1);
     let (req, _) = &pkts[0];
-    assert_eq!(
-        (req.op, req.dst_port, req.dst_cid, req.src_cid),
-        (OP_REQUEST, 1024, CID, HOST_CID)
-    );
+    assert_eq!((req.op, req.dst_port, req.dst_cid, req.src_cid), (OP_REQUEST, 1024, CID, HOST_CID));
     let local = req.src_port;
     g.send(g.hdr(1024, local, OP_RESPONSE), &[]);
     let ok = read_exact_timeout(&mut host, format!("OK {local}\n").len());
@@ -205,10 +162,7 @@ fn guest_initiated_round_trip() {
     g.send(g.hdr(40000, 5000, OP_REQUEST), &[]);
     let pkts = g.take_rx();
     assert_eq!(pkts.len(), 1);
-    assert_eq!(
-        (pkts[0].0.op, pkts[0].0.dst_port, pkts[0].0.src_port),
-        (OP_RESPONSE, 40000, 5000)
-    );
+    assert_eq!((pkts[0].0.op, pkts[0].0.dst_port, pkts[0].0.src_port), (OP_RESPONSE, 40000, 5000));
     let (mut s, _) = listener.accept().unwrap();
     g.send(g.hdr(40000, 5000, OP_RW), b"hello");
     assert_eq!(read_exact_timeout(&mut s, 5), b"hello");
@@ -267,10 +221,7 @@ fn host_data_respects_guest_credit() {
     upd.fwd_cnt = 3;
     g.send(upd, &[]);
     let pkts = g.pump();
-    assert_eq!(
-        pkts.iter().flat_map(|p| p.1.clone()).collect::<Vec<_>>(),
-        b"def"
-    );
+    assert_eq!(pkts.iter().flat_map(|p| p.1.clone()).collect::<Vec<_>>(), b"def");
 }
 
 #[test]
@@ -284,17 +235,13 @@ fn malformed_tx_chains_are_device_errors() {
     g.txq.set_desc(&g.mem, 1, u64::MAX - 8, 44, 0, 0);
     g.txq.push_avail(&g.mem, 1);
     // write-only header
-    g.txq
-        .set_desc(&g.mem, 2, TX_BUFS, 44, VIRTQ_DESC_F_WRITE, 0);
+    g.txq.set_desc(&g.mem, 2, TX_BUFS, 44, VIRTQ_DESC_F_WRITE, 0);
     g.txq.push_avail(&g.mem, 2);
     // header claims more data than allowed
     let mut h = g.hdr(1, 2, OP_RW);
     h.len = MAX_PKT_DATA + 1;
-    g.mem
-        .write_slice(&h.to_bytes(), GuestAddress(TX_BUFS + 0x100))
-        .unwrap();
-    g.txq
-        .set_desc(&g.mem, 3, TX_BUFS + 0x100, 44, VIRTQ_DESC_F_NEXT, 4);
+    g.mem.write_slice(&h.to_bytes(), GuestAddress(TX_BUFS + 0x100)).unwrap();
+    g.txq.set_desc(&g.mem, 3, TX_BUFS + 0x100, 44, VIRTQ_DESC_F_NEXT, 4);
     g.txq.set_desc(&g.mem, 4, TX_BUFS + 0x1000, 16, 0, 0);
     g.txq.push_avail(&g.mem, 3);
     // a loop
@@ -302,11 +249,7 @@ fn malformed_tx_chains_are_device_errors() {
     g.txq.set_desc(&g.mem, 6, TX_BUFS, 44, VIRTQ_DESC_F_NEXT, 5);
     g.txq.push_avail(&g.mem, 5);
     g.vsock.process_queue(TXQ).unwrap();
-    assert!(
-        g.vsock.error_count() >= before + 4,
-        "errors {}",
-        g.vsock.error_count()
-    );
+    assert!(g.vsock.error_count() >= before + 4, "errors {}", g.vsock.error_count());
     assert_eq!(g.txq.used_idx(&g.mem), 5, "every chain is returned");
     // wrong CIDs / type
     let mut h = g.hdr(1, 2, OP_REQUEST);

@@ -196,7 +196,29 @@ pub fn add_entropy(data: &[u8]) -> Result<()> {
     if rc < 0 {
         return Err(AgentError::os("RNDADDENTROPY", Errno::last()));
     }
+    // Crediting entropy does not make an initialised CRNG reseed at once:
+    // copies of one snapshot would go on producing the same bytes until
+    // the next scheduled reseed. Force it (Linux 4.17+).
+    const RNDRESEEDCRNG: libc::c_ulong = 0x5207;
+    // SAFETY: an ioctl without argument.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), RNDRESEEDCRNG) } < 0 {
+        return Err(AgentError::os("RNDRESEEDCRNG", Errno::last()));
+    }
     Ok(())
+}
+
+/// Write `/etc/machine-id` (32 lowercase hex digits, as systemd's).
+pub fn set_machine_id(id: &str) -> Result<()> {
+    if id.len() != 32
+        || !id
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
+        return Err(invalid("a machine id is 32 lowercase hex digits"));
+    }
+    std::fs::create_dir_all("/etc").map_err(|e| AgentError::io("creating /etc", e))?;
+    std::fs::write("/etc/machine-id", format!("{id}\n"))
+        .map_err(|e| AgentError::io("writing /etc/machine-id", e))
 }
 
 /// Sync and end the VM. Only returns on failure.

@@ -44,9 +44,14 @@ pub async fn configure_nic(nic: [u8; 6], net: &GuestNet) -> anyhow::Result<()> {
     let r = async {
         let link = match find_by_mac(&handle, nic).await? {
             Some(l) => l,
-            None => find_by_mac(&handle, net.mac)
-                .await?
-                .ok_or_else(|| anyhow::anyhow!("no network interface has MAC {nic:02x?}"))?,
+            None => match find_by_mac(&handle, net.mac).await? {
+                Some(l) => l,
+                // A guest restored from a template has the template's MAC:
+                // a burrow VM has one NIC at most.
+                None => only_nic(&handle)
+                    .await?
+                    .ok_or_else(|| anyhow::anyhow!("no network interface has MAC {nic:02x?}"))?,
+            },
         };
         let index = link.header.index;
         // Down while its address changes (not every driver can change it live).
@@ -128,6 +133,25 @@ async fn add_route(handle: &Handle, index: u32, r: &Route) -> anyhow::Result<()>
     }
     handle.route().add(b.build()).replace().execute().await?;
     Ok(())
+}
+
+/// The one link with a 6-byte hardware address other than loopback's
+/// (None if there are none or several).
+async fn only_nic(handle: &Handle) -> anyhow::Result<Option<LinkMessage>> {
+    let mut links = handle.link().get().execute();
+    let mut found = None;
+    while let Some(l) = links.try_next().await? {
+        let ether = l.attributes.iter().any(|a| {
+            matches!(a, LinkAttribute::Address(m) if m.len() == 6 && m.iter().any(|b| *b != 0))
+        });
+        if ether {
+            if found.is_some() {
+                return Ok(None);
+            }
+            found = Some(l);
+        }
+    }
+    Ok(found)
 }
 
 async fn find_by_mac(handle: &Handle, mac: [u8; 6]) -> anyhow::Result<Option<LinkMessage>> {

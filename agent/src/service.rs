@@ -33,6 +33,8 @@ pub struct AgentService {
     started: Instant,
     browser: Arc<crate::browser::Browser>,
     sessions: session::Sessions,
+    /// The last SetIdentity's machine id and VM generation.
+    identity: Mutex<(String, u64)>,
 }
 
 type TResult<T> = ttrpc::Result<T>;
@@ -49,6 +51,7 @@ impl AgentService {
             started: Instant::now(),
             browser,
             sessions: session::Sessions::default(),
+            identity: Mutex::new((String::new(), 0)),
         }
     }
 
@@ -380,6 +383,9 @@ impl burrow_protocol::Agent for AgentService {
         r.pid1 = self.pid1;
         r.uptime_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
         r.oom_kills = crate::init::oom_kills().unwrap_or(0);
+        let identity = self.identity.lock().unwrap_or_else(|p| p.into_inner());
+        r.machine_id = identity.0.clone();
+        r.vm_generation = identity.1;
         Ok(r)
     }
 
@@ -452,6 +458,15 @@ impl burrow_protocol::Agent for AgentService {
         crate::net::configure_nic(nic, &net)
             .await
             .map_err(|e| AgentError::FailedPrecondition(format!("configuring the NIC: {e:#}")))?;
+        Ok(empty())
+    }
+
+    async fn set_identity(&self, _ctx: &TtrpcContext, req: SetIdentityRequest) -> TResult<Empty> {
+        self.require_pid1("setting the machine id")?;
+        crate::init::set_machine_id(&req.machine_id)?;
+        *self.identity.lock().unwrap_or_else(|p| p.into_inner()) =
+            (req.machine_id.clone(), req.vm_generation);
+        tracing::info!(generation = req.vm_generation, "identity set");
         Ok(empty())
     }
 

@@ -4,6 +4,7 @@ mod audit;
 mod browse;
 mod check;
 mod containerd_config;
+mod fork;
 mod install;
 mod mcp;
 mod sandbox;
@@ -102,7 +103,11 @@ enum Command {
 #[derive(Subcommand)]
 enum SandboxVerb {
     /// List sandboxes and whether they are running or asleep.
-    Ls,
+    Ls {
+        /// Also where each sandbox's start spent its time.
+        #[arg(short, long)]
+        verbose: bool,
+    },
     /// Snapshot the VM to disk and stop it; containerd still sees the task
     /// running, and the next call that needs the guest wakes it.
     Hibernate { id: String },
@@ -112,6 +117,18 @@ enum SandboxVerb {
     /// while it runs on; `ctr run --annotation io.burrow.restore=NAME ...`
     /// starts a container from it.
     Checkpoint { id: String, name: String },
+    /// Start N copies of a running sandbox from one snapshot of it (its
+    /// memory shared copy-on-write, its disk copied), each a new containerd
+    /// task `ID-fork-K` with a fresh identity; the source runs on.
+    Fork {
+        id: String,
+        #[arg(value_parser = clap::value_parser!(u32).range(1..=i64::from(fork::MAX_COPIES)))]
+        n: u32,
+        /// containerd's socket (default: $CONTAINERD_ADDRESS, else
+        /// /run/containerd/containerd.sock).
+        #[arg(long)]
+        address: Option<String>,
+    },
 }
 
 /// Run tool verb `name`; on failure, say why on one line and exit with
@@ -188,7 +205,7 @@ fn main() -> Result<()> {
             let timeout = std::time::Duration::from_secs(600);
             let dir = |id: &str| sandbox::sandbox_dir(&root, &namespace, id);
             match verb {
-                SandboxVerb::Ls => print!("{}", sandbox::ls(&root)),
+                SandboxVerb::Ls { verbose } => print!("{}", sandbox::ls(&root, verbose)),
                 SandboxVerb::Hibernate { id } => {
                     let reply =
                         sandbox::request(&dir(&id)?, &sandbox::SandboxRequest::Hibernate, timeout)?;
@@ -198,6 +215,14 @@ fn main() -> Result<()> {
                     let reply =
                         sandbox::request(&dir(&id)?, &sandbox::SandboxRequest::Wake, timeout)?;
                     println!("{id}: {}", reply.state);
+                }
+                SandboxVerb::Fork { id, n, address } => {
+                    let address = address
+                        .or_else(|| std::env::var("CONTAINERD_ADDRESS").ok())
+                        .unwrap_or_else(|| "/run/containerd/containerd.sock".into());
+                    for copy in fork::fork(&dir(&id)?, &address, &namespace, &id, n)? {
+                        println!("{copy}");
+                    }
                 }
                 SandboxVerb::Checkpoint { id, name } => {
                     let req = sandbox::SandboxRequest::Checkpoint { name: name.clone() };

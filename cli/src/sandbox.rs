@@ -92,15 +92,30 @@ pub fn list(root: &Path) -> Vec<(String, String, PathBuf)> {
     out
 }
 
-/// `burrow sandbox ls` as text.
-pub fn ls(root: &Path) -> String {
+/// `burrow sandbox ls` as text; `verbose` adds, under each sandbox, where
+/// its VM's start spent its time (the shim's phases file).
+pub fn ls(root: &Path, verbose: bool) -> String {
     let mut text = format!("{:<16} {:<40} STATE\n", "NAMESPACE", "ID");
     for (ns, id, dir) in list(root) {
         let state =
             status(&dir, Duration::from_secs(5)).unwrap_or_else(|e| format!("unreachable ({e:#})"));
         text.push_str(&format!("{ns:<16} {id:<40} {state}\n"));
+        if verbose {
+            text.push_str(&format!("    {}\n", phases(&dir)));
+        }
     }
     text
+}
+
+/// The one line the shim wrote about its VM's start (bounded).
+fn phases(dir: &Path) -> String {
+    let mut line = String::new();
+    let read = std::fs::File::open(dir.join(burrow_vmm_api::sandbox_control::PHASES_FILE))
+        .and_then(|f| f.take(4096).read_to_string(&mut line));
+    match read {
+        Ok(_) if !line.trim().is_empty() => line.trim().to_string(),
+        _ => "no start timings recorded".into(),
+    }
 }
 
 #[cfg(test)]
@@ -138,7 +153,7 @@ mod tests {
         );
         let e = request(&sb, &SandboxRequest::Wake, t5).unwrap_err();
         assert!(format!("{e:#}").contains("paused"), "{e:#}");
-        let text = ls(d.path());
+        let text = ls(d.path(), false);
         assert!(
             text.contains("default") && text.contains("s1") && text.contains("running"),
             "{text}"
@@ -148,5 +163,14 @@ mod tests {
         assert_eq!(reply.state, "running");
         assert_eq!(reply.dir, Some(PathBuf::from("/s/.checkpoints/cp1")));
         t.join().unwrap();
+    }
+
+    #[test]
+    fn phases_are_the_shims_line_or_say_none() {
+        let d = tempfile::tempdir().unwrap();
+        assert_eq!(phases(d.path()), "no start timings recorded");
+        let f = d.path().join(burrow_vmm_api::sandbox_control::PHASES_FILE);
+        std::fs::write(&f, "created in 9 ms: root filesystem 1 ms\n").unwrap();
+        assert_eq!(phases(d.path()), "created in 9 ms: root filesystem 1 ms");
     }
 }

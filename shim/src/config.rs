@@ -22,6 +22,9 @@
 //! browser = false              # attach the browser image to every sandbox
 //!                              # (else annotation io.burrow.browser=true)
 //! browser_image = "/var/lib/burrow/browser.img"  # rootfs/browser-image's erofs
+//! templates = false            # start containers by restoring a warm template
+//!                              # (annotation io.burrow.template=on|off)
+//! template_dir = "/var/cache/burrow/templates"  # one snapshot per VM shape
 //!
 //! [vcpus]
 //! default = 1
@@ -113,6 +116,10 @@ pub struct Config {
     pub vmm_gid: u32,
     pub browser: bool,
     pub browser_image: PathBuf,
+    /// Start a container by restoring its VM shape's warm template
+    /// ([`crate::vm::template`]) instead of booting.
+    pub templates: bool,
+    pub template_dir: PathBuf,
 }
 
 impl Default for Config {
@@ -138,6 +145,8 @@ impl Default for Config {
             vmm_gid: burrow_vmm_api::jail::DEFAULT_JAIL_ID,
             browser: false,
             browser_image: PathBuf::from("/var/lib/burrow/browser.img"),
+            templates: false,
+            template_dir: PathBuf::from("/var/cache/burrow/templates"),
         }
     }
 }

@@ -83,6 +83,25 @@ pub const NESTED_CONFIG: &str =
 pub const LONG: Duration = Duration::from_secs(900);
 pub const CLEAN: Duration = Duration::from_secs(60);
 
+/// Set (to anything but `0`) to run every containerd test with warm
+/// templates on (burrow's `templates = true`): the whole suite then checks
+/// that a container from a template behaves as a cold one.
+pub const TEMPLATES_ENV: &str = "BURROW_TEST_TEMPLATES";
+/// Where the tests' templates go: shared by the tests of one test-host run
+/// (a template is keyed by its inputs, so sharing is safe), outside what
+/// [`Containerd::leftovers`] checks.
+pub const TEMPLATE_DIR: &str = "/run/burrow-test/templates";
+
+/// The template lines of a burrow config: none when `extra_config` sets
+/// `templates` itself or [`TEMPLATES_ENV`] is unset.
+fn templates_config(extra_config: &str) -> String {
+    let on = std::env::var(TEMPLATES_ENV).is_ok_and(|v| !v.is_empty() && v != "0");
+    if !on || extra_config.contains("templates") {
+        return String::new();
+    }
+    format!("templates = true\ntemplate_dir = {TEMPLATE_DIR:?}\n")
+}
+
 /// `ctr run` arguments: see [`Containerd::run_args`].
 pub fn run<'a>(flags: &[&'a str], id: &'a str, cmd: &[&'a str]) -> Vec<&'a str> {
     Containerd::run_args(flags, id, cmd)
@@ -128,11 +147,12 @@ impl Containerd {
         std::fs::write(
             &burrow_config,
             format!(
-                "kernel = {:?}\ninitrd = {:?}\nstate_dir = {:?}\nsnapshot_dir = {:?}\n{extra_config}\n",
+                "kernel = {:?}\ninitrd = {:?}\nstate_dir = {:?}\nsnapshot_dir = {:?}\n{}{extra_config}\n",
                 kernel.display().to_string(),
                 initrd.display().to_string(),
                 dir.join("burrow").display().to_string(),
                 dir.join("snapshots").display().to_string(),
+                templates_config(extra_config),
             ),
         )
         .expect("write burrow config");

@@ -279,6 +279,29 @@ impl Agent {
             .map(drop)
     }
 
+    /// Give the guest its own hostname, machine id and VM generation.
+    pub async fn set_identity(
+        &self,
+        hostname: &str,
+        machine_id: &str,
+        generation: u64,
+    ) -> Result<()> {
+        let req = pb::SetHostnameRequest {
+            hostname: hostname.to_string(),
+            ..Default::default()
+        };
+        self.call("SetHostname", self.client.set_hostname(Self::ctx(), &req))
+            .await?;
+        let req = pb::SetIdentityRequest {
+            machine_id: machine_id.to_string(),
+            vm_generation: generation,
+            ..Default::default()
+        };
+        self.call("SetIdentity", self.client.set_identity(Self::ctx(), &req))
+            .await
+            .map(drop)
+    }
+
     pub async fn power_off(&self) -> Result<()> {
         self.call(
             "PowerOff",

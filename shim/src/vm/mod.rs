@@ -38,6 +38,7 @@ pub mod snapshot;
 pub mod sparse;
 #[cfg(test)]
 mod fuzz_tests;
+pub mod template;
 pub mod tools;
 pub mod vmm;
 
@@ -237,11 +238,12 @@ impl VmSandbox {
     }
 
     /// How to start burrow-vmm for a VM of `vcpus` and `memory_mib` on
-    /// `disk`, restoring `restore` or booting the configured kernel.
+    /// `disk` (none for a template's VM), restoring `restore` or booting
+    /// the configured kernel.
     fn vmm_args(
         &self,
         cfg: &Config,
-        (path, read_only): (PathBuf, bool),
+        disk: Option<(PathBuf, bool)>,
         (vcpus, memory_mib): (u32, u64),
         restore: Option<PathBuf>,
         spec: &serde_json::Value,
@@ -260,7 +262,10 @@ impl VmSandbox {
                 ..VmmArgs::boot(cfg.kernel.clone())
             },
         };
-        let mut disks = vec![DiskArg { path, read_only }];
+        let mut disks: Vec<DiskArg> = disk
+            .map(|(path, read_only)| DiskArg { path, read_only })
+            .into_iter()
+            .collect();
         let mut start = start;
         if let Some(image) = self.browser_image(cfg)? {
             disks.push(DiskArg {
@@ -353,7 +358,9 @@ impl VmSandbox {
 
     /// Boot the VM for container `c` on its rootfs, with `slots` empty
     /// block slots (a pod's further containers).
-    async fn create_inner(&self, cfg: &Config, c: &ContainerConfig, slots: u32) -> Result<u32> {
+    /// The state directory, shared with the jailed VMM; fails early when
+    /// there is no guest kernel to boot.
+    fn prepare_state_dir(&self, cfg: &Config) -> Result<()> {
         std::fs::create_dir_all(&self.dir)
             .map_err(|e| SandboxError::Internal(format!("creating {}: {e}", self.dir.display())))?;
         jail::share_state_dir(cfg, &self.dir)?;
@@ -364,6 +371,11 @@ impl VmSandbox {
                 crate::config::DEFAULT_PATH
             )));
         }
+        Ok(())
+    }
+
+    async fn create_inner(&self, cfg: &Config, c: &ContainerConfig, slots: u32) -> Result<u32> {
+        self.prepare_state_dir(cfg)?;
         let (guest_spec, spec_json) = self.guest_spec(c)?;
         let started = Instant::now();
         let rootfs = self.prepare_rootfs(cfg, c, guest_spec).await?;
@@ -372,7 +384,7 @@ impl VmSandbox {
         let size = spec::vm_size(&c.spec, cfg);
         let mut args = self.vmm_args(
             cfg,
-            (rootfs.disk.clone(), rootfs.read_only),
+            Some((rootfs.disk.clone(), rootfs.read_only)),
             (size.vcpus, size.memory_mib),
             None,
             &c.spec,
@@ -387,23 +399,28 @@ impl VmSandbox {
             args.describe()
         );
         let booting = Instant::now();
+        let host = template::hostname(&self.sandbox_id());
+        let generation = self.vm_generation();
         let (pid, guest_ms) = self
             .vm
             .start(args, |agent| async move {
                 let t = Instant::now();
+                template::identity(&agent, &host, generation).await?;
                 let pid = agent
                     .create_container(&c.id, &spec_json, guest_rootfs, c.stdin)
                     .await?;
                 Ok((pid, t.elapsed().as_millis()))
             })
             .await?;
-        tracing::info!(
-            "{}: created in {} ms: root filesystem {} ms, VM to agent ready {} ms, container in the guest {} ms",
-            c.id,
-            started.elapsed().as_millis(),
-            rootfs_ms,
-            booting.elapsed().as_millis().saturating_sub(guest_ms),
-            guest_ms
+        self.record_phases(
+            &c.id,
+            &format!(
+                "created in {} ms: root filesystem {} ms, VM to agent ready {} ms, identity and container in the guest {} ms",
+                started.elapsed().as_millis(),
+                rootfs_ms,
+                booting.elapsed().as_millis().saturating_sub(guest_ms),
+                guest_ms
+            ),
         );
         Ok(self.task_pid(pid).await)
     }
@@ -416,6 +433,7 @@ impl VmSandbox {
         } else {
             intake::Origin::Containerd
         };
+        let started = Instant::now();
         let files = intake::take(dir, &manifest, cfg, origin)?;
         // Structure and sizes first (their errors are the more specific),
         // then whether this host wrote it as it is.
@@ -444,9 +462,10 @@ impl VmSandbox {
         let unpacked = self.path("restore-vm");
         let vm_dir =
             checkpoint::prepare_restore(dir, &manifest, &files, &state, &img, &unpacked).await?;
+        let disk_ms = started.elapsed().as_millis();
         let args = self.vmm_args(
             cfg,
-            (img, manifest.rootfs_read_only),
+            Some((img, manifest.rootfs_read_only)),
             (manifest.vcpus, manifest.memory_mib),
             Some(vm_dir),
             &c.spec,
@@ -466,9 +485,13 @@ impl VmSandbox {
             args.describe()
         );
         let guest_id = &manifest.container_id;
+        let host = template::hostname(&self.sandbox_id());
+        let generation = self.vm_generation();
         let r = self
             .vm
             .start(args, |agent| async move {
+                // Every copy of one checkpoint (a fork) is its own guest.
+                template::identity(&agent, &host, generation).await?;
                 let procs = agent.processes(guest_id).await?;
                 procs
                     .iter()
@@ -483,6 +506,16 @@ impl VmSandbox {
             .await;
         if manifest.packed {
             let _ = std::fs::remove_dir_all(&unpacked);
+        }
+        if r.is_ok() {
+            self.record_phases(
+                &c.id,
+                &format!(
+                    "restored from a checkpoint in {} ms: disk and memory files {disk_ms} ms, VM to agent ready and identity {} ms",
+                    started.elapsed().as_millis(),
+                    started.elapsed().as_millis().saturating_sub(disk_ms)
+                ),
+            );
         }
         Ok(self.task_pid(r?).await)
     }
@@ -529,6 +562,11 @@ impl Sandbox for VmSandbox {
             pod::Role::Alone => 0,
         };
         self.require_no_container("a container outside a CRI pod has its VM to itself")?;
+        if template::wanted(&cfg, c) {
+            return self
+                .creating(c, self.create_from_template(&cfg, c, slots))
+                .await;
+        }
         self.creating(c, self.create_inner(&cfg, c, slots)).await
     }
 

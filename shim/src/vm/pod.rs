@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use burrow_vmm_api::Command;
 
+use super::rootfs::GuestRootfs;
 use super::{vmm, VmSandbox};
 use crate::config::Config;
 use crate::sandbox::{ContainerConfig, Result, SandboxError};
@@ -187,24 +188,7 @@ impl VmSandbox {
         let slot = self.slots.take(&c.id)?;
         let r = async {
             let rootfs = self.prepare_rootfs(cfg, c, guest_spec).await?;
-            // Opened here and passed: a jailed VMM cannot open host paths.
-            let disk = std::fs::File::options()
-                .read(true)
-                .write(!rootfs.read_only)
-                .custom_flags(libc::O_CLOEXEC)
-                .open(&rootfs.disk)
-                .map_err(|e| {
-                    SandboxError::io(format_args!("opening {}", rootfs.disk.display()), &e)
-                })?;
-            self.slot_command_with(
-                Command::AttachDisk {
-                    slot,
-                    path: rootfs.disk.clone(),
-                    read_only: rootfs.read_only,
-                },
-                &[disk],
-            )
-            .await?;
+            self.attach_rootfs(slot, &rootfs).await?;
             tracing::info!("{}: root filesystem in slot {slot}", c.id);
             let guest_rootfs = super::guest_rootfs(c, &rootfs, guest_source(slot));
             handle
@@ -218,6 +202,26 @@ impl VmSandbox {
             self.drop_container_files(&c.id);
         }
         r
+    }
+
+    /// Put `rootfs`'s disk into block slot `slot` of the running VM.
+    pub(super) async fn attach_rootfs(&self, slot: u32, rootfs: &GuestRootfs) -> Result<()> {
+        // Opened here and passed: a jailed VMM cannot open host paths.
+        let disk = std::fs::File::options()
+            .read(true)
+            .write(!rootfs.read_only)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&rootfs.disk)
+            .map_err(|e| SandboxError::io(format_args!("opening {}", rootfs.disk.display()), &e))?;
+        self.slot_command_with(
+            Command::AttachDisk {
+                slot,
+                path: rootfs.disk.clone(),
+                read_only: rootfs.read_only,
+            },
+            &[disk],
+        )
+        .await
     }
 
     /// Empty container `id`'s slot, if it has one (the VM may be gone).

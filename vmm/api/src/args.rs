@@ -74,7 +74,8 @@ pub struct VmmArgs {
     /// Restore the VM from this snapshot directory (`state` + `memory`)
     /// instead of booting. `--disk` then replaces the recorded disk paths
     /// (in order; sizes must match; the read-only flag comes from the
-    /// snapshot), `--vsock` the recorded socket path.
+    /// snapshot), and after them those of the filled block slots (in slot
+    /// order), `--vsock` the recorded socket path.
     #[arg(long, conflicts_with_all = ["kernel", "initrd", "cmdline", "append", "vcpus", "mem_mib", "cid", "disk_slots"])]
     pub restore: Option<PathBuf>,
     /// With `--restore`: the snapshot is untrusted and must be

@@ -38,6 +38,11 @@ pub fn control_socket(dir: &Path) -> PathBuf {
     dir.join(CONTROL_SOCKET)
 }
 
+/// In a sandbox's state directory: one line saying where its VM's start
+/// (create, template restore or checkpoint restore) spent its time, which
+/// `burrow sandbox ls -v` shows.
+pub const PHASES_FILE: &str = "phases";
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "lowercase")]
 pub enum SandboxRequest {

@@ -58,20 +58,22 @@ pub fn check_restore(opts: &RestoreConfig, state: &MicrovmState) -> Result<(), V
             _ => None,
         })
         .collect();
-    // Slots come back with what was attached (checked like a disk).
-    let slots = state.devices.iter().filter_map(|d| match &d.device {
+    // Slots come back with what was attached (checked like a disk), or
+    // with the paths given after the disks' (in slot order).
+    let slots: Vec<_> = state.devices.iter().filter_map(|d| match &d.device {
         DeviceState::Block(b) if b.slot.is_some() && !b.path.as_os_str().is_empty() => Some(b),
         _ => None,
-    });
-    if !opts.disks.is_empty() && opts.disks.len() != disks.len() {
+    }).collect();
+    let n = opts.disks.len();
+    if n != 0 && n != disks.len() && n != disks.len() + slots.len() {
         return Err(VmmError::Restore(format!(
-            "{} disk paths given, the snapshot has {} disks",
-            opts.disks.len(),
-            disks.len()
+            "{n} disk paths given, the snapshot has {} disks and {} filled slots",
+            disks.len(),
+            slots.len()
         )));
     }
-    let given = disks.iter().enumerate().map(|(i, b)| (opts.disks.get(i).unwrap_or(&b.path), *b));
-    for (path, b) in given.chain(slots.map(|b| (&b.path, b))) {
+    let given = disks.iter().chain(slots.iter()).enumerate().map(|(i, b)| (opts.disks.get(i).unwrap_or(&b.path), *b));
+    for (path, b) in given {
         let len = std::fs::File::open(path)
             .and_then(|f| crate::devices::virtio::block::disk_bytes(&f))
             .map_err(|e| VmmError::Restore(format!("disk {}: {e}", path.display())))?;
@@ -142,7 +144,10 @@ impl Vmm {
 
         let mut devices = Vec::new();
         let mut mmio = Vec::new();
+        // Given paths replace the disks', then the filled slots'.
+        let n_disks = state.devices.iter().filter(|d| matches!(&d.device, DeviceState::Block(b) if b.slot.is_none())).count();
         let mut disk_no = 0;
+        let mut slot_no = 0;
         for (i, ms) in state.devices.iter().enumerate() {
             let dev_err = |e: &dyn std::fmt::Display| VmmError::Restore(format!("device {i}: {e}"));
             let max_sizes = match &ms.device {
@@ -158,7 +163,11 @@ impl Vmm {
             let dev: Box<dyn VirtioDevice> = match &ms.device {
                 DeviceState::Block(b) => {
                     let path = match b.slot {
-                        Some(_) => b.path.clone(),
+                        Some(_) if b.path.as_os_str().is_empty() => b.path.clone(),
+                        Some(_) => {
+                            slot_no += 1;
+                            opts.disks.get(n_disks + slot_no - 1).cloned().unwrap_or_else(|| b.path.clone())
+                        }
                         None => {
                             disk_no += 1;
                             opts.disks.get(disk_no - 1).cloned().unwrap_or_else(|| b.path.clone())

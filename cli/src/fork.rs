@@ -1,0 +1,133 @@
+//! `burrow sandbox fork ID N`: N copies of a running sandbox, each a new
+//! containerd container and task (visible to `ctr`), continuing from one
+//! instant of the source.
+//!
+//! The source's shim writes one named checkpoint (the VM paused for the
+//! snapshot, then running on: [`SandboxRequest::Checkpoint`]); each copy is
+//! `ctr run -d --annotation io.burrow.restore=NAME` of the source's image
+//! and runtime, which its own shim restores: the memory file mapped
+//! MAP_PRIVATE (the copies share its pages copy-on-write), the disk copied
+//! (a reflink where the file system can), and a fresh identity (clock,
+//! entropy with a CRNG reseed, guest hostname, machine id). The checkpoint
+//! goes once every copy runs (their VMMs hold the memory file open).
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+
+use crate::sandbox::{self, SandboxRequest};
+
+/// The annotation a shim restores a named checkpoint from.
+const RESTORE_ANNOTATION: &str = "io.burrow.restore";
+/// Most copies one fork makes.
+pub const MAX_COPIES: u32 = 64;
+
+/// `ctr` against containerd at `address`, in `namespace`.
+fn ctr(address: &str, namespace: &str, args: &[&str]) -> Result<String> {
+    let out = Command::new("ctr")
+        .args(["--address", address, "--namespace", namespace])
+        .args(args)
+        .output()
+        .context("running ctr (containerd's client)")?;
+    if !out.status.success() {
+        bail!(
+            "ctr {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The source container's image and runtime, from `ctr containers info`.
+fn image_and_runtime(info: &str) -> Result<(String, String)> {
+    let v: serde_json::Value = serde_json::from_str(info).context("ctr containers info")?;
+    let image = v.get("Image").and_then(|i| i.as_str()).unwrap_or_default();
+    let runtime = v
+        .pointer("/Runtime/Name")
+        .and_then(|r| r.as_str())
+        .unwrap_or_default();
+    if image.is_empty() || runtime.is_empty() {
+        bail!("the container has no image or runtime to copy");
+    }
+    Ok((image.to_string(), runtime.to_string()))
+}
+
+/// The copies' ids: `<id>-fork-<k>`.
+pub fn copy_ids(id: &str, n: u32) -> Vec<String> {
+    (1..=n).map(|k| format!("{id}-fork-{k}")).collect()
+}
+
+/// Fork sandbox `id` (state directory `dir`) into `n` copies; returns their
+/// ids.
+pub fn fork(dir: &Path, address: &str, namespace: &str, id: &str, n: u32) -> Result<Vec<String>> {
+    if n == 0 || n > MAX_COPIES {
+        bail!("want 1..={MAX_COPIES} copies");
+    }
+    let (image, runtime) =
+        image_and_runtime(&ctr(address, namespace, &["containers", "info", id])?)?;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    let name = format!("fork-{nanos}");
+    let reply = sandbox::request(
+        dir,
+        &SandboxRequest::Checkpoint { name: name.clone() },
+        Duration::from_secs(600),
+    )?;
+    let annotation = format!("{RESTORE_ANNOTATION}={name}");
+    let mut made = Vec::new();
+    let mut failed = None;
+    for copy in copy_ids(id, n) {
+        let args = [
+            "run",
+            "-d",
+            "--runtime",
+            &runtime,
+            "--annotation",
+            &annotation,
+            &image,
+            &copy,
+        ];
+        match ctr(address, namespace, &args) {
+            Ok(_) => made.push(copy),
+            Err(e) => {
+                failed = Some(e.context(format!("starting copy {copy}")));
+                break;
+            }
+        }
+    }
+    if let Some(at) = &reply.dir {
+        let _ = std::fs::remove_dir_all(at);
+    }
+    match failed {
+        Some(e) if made.is_empty() => Err(e),
+        Some(e) => Err(e.context(format!("started {} before: {}", made.len(), made.join(" ")))),
+        None => Ok(made),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_source_image_and_runtime_are_copied() {
+        let info = r#"{"ID":"src","Image":"docker.io/library/busybox:latest",
+            "Runtime":{"Name":"io.containerd.burrow.v2","Options":null}}"#;
+        assert_eq!(
+            image_and_runtime(info).unwrap(),
+            (
+                "docker.io/library/busybox:latest".to_string(),
+                "io.containerd.burrow.v2".to_string()
+            )
+        );
+        assert!(image_and_runtime(r#"{"ID":"src"}"#).is_err());
+        assert!(image_and_runtime("not json").is_err());
+        assert_eq!(copy_ids("src", 2), ["src-fork-1", "src-fork-2"]);
+    }
+}

@@ -1,0 +1,454 @@
+//! Warm templates (issue 16): a container's VM starts by restoring a
+//! snapshot of a booted guest whose agent is ready and which holds no
+//! container yet, instead of booting a kernel.
+//!
+//! - One template per VM shape: the kernel, the agent's initramfs and the
+//!   burrow-vmm binary (each known by device, inode, size and mtime, so a
+//!   rewritten file is a new input), the kernel command line, vCPUs,
+//!   memory and block slots. Their hash is the template's key and
+//!   directory name under `template_dir`: `<shape>-<inputs>/`, holding
+//!   `vm/state`, `vm/memory` and `template.json` (what went into the key,
+//!   for people).
+//! - The first create of a shape boots the template VM (no disk, only
+//!   empty block slots), snapshots it into a private directory, publishes
+//!   it with a rename, and goes on with that same VM; a template whose
+//!   inputs changed is a new key, and publishing it removes the shape's
+//!   older ones, so a stale template is never restored.
+//! - Every later create restores it: burrow-vmm maps the memory file
+//!   MAP_PRIVATE (nothing read up front; copies share its page cache).
+//! - Either way the container's rootfs goes into block slot 0, as a pod
+//!   member's does ([`super::pod`]), and the guest gets its own identity
+//!   before the container exists ([`identity`]): clock, fresh entropy with a
+//!   CRNG reseed, hostname, machine id and VM generation.
+//!
+//! A spec asking for a new network namespace (`ctr run`) gets the shim's
+//! namespace, tap and holder as on a cold boot, and a template with a NIC
+//! that is down (one MAC for all copies until `ctr run --cni` gives it
+//! CNI's at Start). Off for a container in a named network namespace (a
+//! CRI pod: its NIC is eth0's from boot) or with the browser image, with
+//! `io.burrow.template=off`, or unless `templates = true` in the config
+//! (`io.burrow.template=on` asks for it per container).
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use sha2::{Digest, Sha256};
+
+use super::agent::Agent;
+use super::lifecycle::{Gone, VmInfo};
+use super::{guest_rootfs, net, netns, pod, snapshot, VmSandbox};
+use crate::config::Config;
+use crate::sandbox::{AfterCheckpoint, ContainerConfig, Result, SandboxError};
+use crate::spec;
+
+/// Per-container switch: `on` or `off` (else the config's `templates`).
+pub const ANNOTATION: &str = "io.burrow.template";
+/// In a template's directory: what went into its key.
+const INFO: &str = "template.json";
+/// Bumped when what a template holds changes meaning.
+const TEMPLATE_FORMAT: u32 = 1;
+
+/// Whether container `c` starts from a template.
+pub fn wanted(cfg: &Config, c: &ContainerConfig) -> bool {
+    let asked = match spec::annotation(&c.spec, ANNOTATION) {
+        Some("on" | "true") => true,
+        Some("off" | "false") => false,
+        _ => cfg.templates,
+    };
+    asked && net::netns_path(&c.spec).is_none() && !spec::wants_browser(&c.spec, cfg)
+}
+
+/// What a template is a snapshot of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    pub vcpus: u32,
+    pub memory_mib: u64,
+    /// Block slots: the container's rootfs takes the first.
+    pub slots: u32,
+    /// A NIC, down and unaddressed, on the tap of a namespace the shim
+    /// made (a spec asking for a new network namespace: `ctr run`). A
+    /// restore is handed its own sandbox's tap; `ctr run --cni` then
+    /// configures the NIC at Start as for a cold boot.
+    pub nic: bool,
+}
+
+/// A file input's identity: path, device, inode, size, mtime (ns).
+fn file_id(path: &Path) -> Result<String> {
+    let md = std::fs::metadata(path)
+        .map_err(|e| SandboxError::io(format_args!("template input {}", path.display()), &e))?;
+    let mtime = i128::from(md.mtime()) * 1_000_000_000 + i128::from(md.mtime_nsec());
+    Ok(format!(
+        "{} dev={} ino={} size={} mtime={mtime}",
+        path.display(),
+        md.dev(),
+        md.ino(),
+        md.len()
+    ))
+}
+
+/// `name` as `$PATH` finds it, when it is not a path already.
+fn resolve(binary: &Path) -> PathBuf {
+    if binary.components().count() > 1 {
+        return binary.to_path_buf();
+    }
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|d| d.join(binary))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| binary.to_path_buf())
+}
+
+fn hex(bytes: &[u8], n: usize) -> String {
+    bytes.iter().take(n).map(|b| format!("{b:02x}")).collect()
+}
+
+/// The template's key (`<shape>-<inputs>`) and the description of its
+/// inputs written beside it.
+pub fn key(cfg: &Config, shape: Shape) -> Result<(String, serde_json::Value)> {
+    let shape_text = format!(
+        "format={TEMPLATE_FORMAT} vcpus={} memory_mib={} slots={} nic={} cmdline={}",
+        shape.vcpus, shape.memory_mib, shape.slots, shape.nic, cfg.kernel_cmdline
+    );
+    let mut files = vec![file_id(&cfg.kernel)?, file_id(&resolve(&cfg.vmm_binary()))?];
+    if let Some(initrd) = &cfg.initrd {
+        files.push(file_id(initrd)?);
+    }
+    let shape_hash = Sha256::digest(shape_text.as_bytes());
+    let inputs_hash = Sha256::digest(files.join("\n").as_bytes());
+    let key = format!("{}-{}", hex(&shape_hash, 8), hex(&inputs_hash, 8));
+    let info = serde_json::json!({"shape": shape_text, "inputs": files});
+    Ok((key, info))
+}
+
+/// A published template's VM snapshot directory, if `dir` holds one.
+fn published(dir: &Path) -> Option<PathBuf> {
+    let vm = snapshot::vm_dir(dir);
+    let complete = dir.join(INFO).is_file()
+        && vm.join(snapshot::STATE_FILE).is_file()
+        && vm.join(snapshot::MEMORY).is_file();
+    complete.then_some(vm)
+}
+
+/// Publish the template built in `build` as `dir` (a rename: readers see
+/// all of it or none), then remove the shape's older templates. Losing a
+/// race with another shim building the same key is fine: its copy stays.
+fn publish(build: &Path, dir: &Path, key: &str) -> Result<()> {
+    if let Err(e) = std::fs::rename(build, dir) {
+        let _ = std::fs::remove_dir_all(build);
+        if published(dir).is_none() {
+            return Err(SandboxError::io(
+                format_args!("publishing template {}", dir.display()),
+                &e,
+            ));
+        }
+    }
+    let (shape, _) = key.split_once('-').unwrap_or((key, ""));
+    let Some(parent) = dir.parent() else {
+        return Ok(());
+    };
+    for entry in std::fs::read_dir(parent).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name != key && name.starts_with(&format!("{shape}-")) {
+            tracing::info!("removing stale template {name}");
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+    Ok(())
+}
+
+/// 16 random bytes from the host, as lowercase hex.
+fn random_hex() -> Result<String> {
+    use std::io::Read;
+    let mut b = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .map_err(|e| SandboxError::Internal(format!("reading /dev/urandom: {e}")))?;
+    Ok(hex(&b, 16))
+}
+
+/// The guest hostname for sandbox `id`: its id, cut to what a hostname
+/// may hold.
+pub fn hostname(id: &str) -> String {
+    let h: String = id
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '.')
+        .take(63)
+        .collect();
+    if h.is_empty() {
+        "burrow".into()
+    } else {
+        h
+    }
+}
+
+/// Make the guest its own before anything runs in it: clock, entropy (the
+/// agent reseeds the kernel's CRNG), hostname, machine id, generation.
+pub async fn identity(agent: &Agent, hostname: &str, generation: u64) -> Result<()> {
+    agent.set_time_now().await?;
+    agent.add_entropy().await?;
+    agent
+        .set_identity(hostname, &random_hex()?, generation)
+        .await
+}
+
+impl VmSandbox {
+    /// The sandbox id (its state directory's name).
+    pub(super) fn sandbox_id(&self) -> String {
+        self.dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
+
+    /// Start container `c` from its shape's template (see the module doc),
+    /// with `pod_slots` further slots for a pod's members.
+    pub(super) async fn create_from_template(
+        &self,
+        cfg: &Config,
+        c: &ContainerConfig,
+        pod_slots: u32,
+    ) -> Result<u32> {
+        self.prepare_state_dir(cfg)?;
+        let (guest_spec, spec_json) = self.guest_spec(c)?;
+        let started = Instant::now();
+        let rootfs = self.prepare_rootfs(cfg, c, guest_spec).await?;
+        let rootfs_ms = started.elapsed().as_millis();
+        let size = spec::vm_size(&c.spec, cfg);
+        let shape = Shape {
+            vcpus: size.vcpus,
+            memory_mib: size.memory_mib,
+            slots: pod_slots.saturating_add(1),
+            nic: netns::wants_fresh(&c.spec),
+        };
+        let (key, info) = key(cfg, shape)?;
+        let dir = cfg.template_dir.join(&key);
+        let booting = Instant::now();
+        let restored = published(&dir);
+        let from = if restored.is_some() {
+            "restored"
+        } else {
+            "built"
+        };
+        let args = self.vmm_args(
+            cfg,
+            None,
+            (shape.vcpus, shape.memory_mib),
+            restored.clone(),
+            &c.spec,
+        )?;
+        // The namespace the shim makes, its tap, and the holder whose pid
+        // is the task's (so `ctr run --cni` configures that namespace).
+        let mut args = self.with_network(&c.spec, args).await?;
+        self.slots.reset(shape.slots);
+        let slot = self.slots.take(&c.id)?;
+        let host = hostname(&self.sandbox_id());
+        let fill = |agent: Agent| async move {
+            let t = Instant::now();
+            identity(&agent, &host, self.vm_generation()).await?;
+            self.attach_rootfs(slot, &rootfs).await?;
+            let guest = guest_rootfs(c, &rootfs, pod::guest_source(slot));
+            let pid = agent
+                .create_container(&c.id, &spec_json, guest, c.stdin)
+                .await?;
+            Ok((pid, t.elapsed().as_millis()))
+        };
+        let (pid, guest_ms) = if restored.is_some() {
+            tracing::info!("{}: restoring template {key}", c.id);
+            self.vm.start(args, fill).await?
+        } else {
+            args.args.disk_slots = shape.slots;
+            tracing::info!("{}: building template {key}: {}", c.id, args.describe());
+            self.vm.start(args, |_| async { Ok(()) }).await?;
+            let built = async {
+                self.build_template(cfg, &dir, &key, &info).await?;
+                let agent = self.awake_agent().await?;
+                fill(agent).await
+            }
+            .await;
+            if built.is_err() {
+                self.vm.stop(Gone::Stopped).await;
+            }
+            built?
+        };
+        self.record_phases(
+            &c.id,
+            &format!(
+                "created from a template ({from}) in {} ms: root filesystem {} ms, VM to agent ready {} ms, identity, slot and container in the guest {} ms",
+                started.elapsed().as_millis(),
+                rootfs_ms,
+                booting.elapsed().as_millis().saturating_sub(guest_ms),
+                guest_ms
+            ),
+        );
+        Ok(self.task_pid(pid).await)
+    }
+
+    /// Snapshot the running, empty VM as template `key` into `dir`.
+    async fn build_template(
+        &self,
+        cfg: &Config,
+        dir: &Path,
+        key: &str,
+        info: &serde_json::Value,
+    ) -> Result<()> {
+        std::fs::create_dir_all(&cfg.template_dir).map_err(|e| {
+            SandboxError::io(format_args!("creating {}", cfg.template_dir.display()), &e)
+        })?;
+        let build = cfg
+            .template_dir
+            .join(format!(".build-{key}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&build);
+        let info = info.clone();
+        let b = build.clone();
+        let r = self
+            .vm
+            .checkpoint(
+                &snapshot::vm_dir(&build),
+                AfterCheckpoint::Resume,
+                |_: VmInfo| async move {
+                    let text = serde_json::to_vec_pretty(&info).unwrap_or_default();
+                    std::fs::write(b.join(INFO), text)
+                        .map_err(|e| SandboxError::io(format_args!("writing {INFO}"), &e))
+                },
+            )
+            .await;
+        match r {
+            Ok(()) => publish(&build, dir, key),
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&build);
+                Err(e)
+            }
+        }
+    }
+
+    /// Say where container `id`'s start spent its time: at info, and in
+    /// the state directory's phases file for `burrow sandbox ls -v`.
+    pub(super) fn record_phases(&self, id: &str, text: &str) {
+        tracing::info!("{id}: {text}");
+        let file = self.path(burrow_vmm_api::sandbox_control::PHASES_FILE);
+        if let Err(e) = std::fs::write(&file, format!("{text}\n")) {
+            tracing::debug!("writing {}: {e}", file.display());
+        }
+    }
+
+    /// A number that changes with every VM this sandbox starts.
+    pub(super) fn vm_generation(&self) -> u64 {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        u64::try_from(nanos & u128::from(u64::MAX)).unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn cfg(dir: &Path) -> Config {
+        for f in ["vmlinux", "initrd", "burrow-vmm"] {
+            std::fs::write(dir.join(f), f).unwrap();
+        }
+        Config {
+            kernel: dir.join("vmlinux"),
+            initrd: Some(dir.join("initrd")),
+            vmm: Some(dir.join("burrow-vmm")),
+            template_dir: dir.join("templates"),
+            ..Config::default()
+        }
+    }
+
+    const SHAPE: Shape = Shape {
+        vcpus: 1,
+        memory_mib: 256,
+        slots: 1,
+        nic: false,
+    };
+
+    #[test]
+    fn a_changed_input_is_a_new_key_of_the_same_shape() {
+        let d = tempfile::tempdir().unwrap();
+        let c = cfg(d.path());
+        let (k1, info) = key(&c, SHAPE).unwrap();
+        assert_eq!(key(&c, SHAPE).unwrap().0, k1, "stable");
+        assert!(info["inputs"][0].as_str().unwrap().contains("vmlinux"));
+        // Rewritten (new inode, size): a new key with the same shape part.
+        std::fs::remove_file(d.path().join("initrd")).unwrap();
+        std::fs::write(d.path().join("initrd"), "a newer initrd").unwrap();
+        let (k2, _) = key(&c, SHAPE).unwrap();
+        assert_ne!(k1, k2);
+        assert_eq!(k1.split('-').next(), k2.split('-').next());
+        let bigger = Shape {
+            memory_mib: 512,
+            ..SHAPE
+        };
+        let (k3, _) = key(&c, bigger).unwrap();
+        assert_ne!(k2.split('-').next(), k3.split('-').next());
+        std::fs::remove_file(d.path().join("vmlinux")).unwrap();
+        assert!(key(&c, SHAPE).is_err(), "a missing kernel is an error");
+    }
+
+    #[test]
+    fn publishing_replaces_the_shapes_stale_templates_only() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path();
+        let make = |name: &str| {
+            let dir = root.join(name);
+            std::fs::create_dir_all(snapshot::vm_dir(&dir)).unwrap();
+            for f in [snapshot::STATE_FILE, snapshot::MEMORY] {
+                std::fs::write(snapshot::vm_dir(&dir).join(f), "x").unwrap();
+            }
+            std::fs::write(dir.join(INFO), "{}").unwrap();
+            dir
+        };
+        make("aaaa-0001");
+        make("bbbb-0001");
+        let build = make(".build-aaaa-0002-1");
+        assert!(published(&root.join("aaaa-0002")).is_none());
+        publish(&build, &root.join("aaaa-0002"), "aaaa-0002").unwrap();
+        assert!(published(&root.join("aaaa-0002")).is_some());
+        assert!(!root.join("aaaa-0001").exists(), "stale one removed");
+        assert!(root.join("bbbb-0001").exists(), "other shapes stay");
+        assert!(!build.exists());
+        // Losing the race to a complete copy is not an error.
+        let again = make(".build-aaaa-0002-2");
+        std::fs::write(snapshot::vm_dir(&root.join("aaaa-0002")).join("x"), "").unwrap();
+        publish(&again, &root.join("aaaa-0002"), "aaaa-0002").unwrap();
+        assert!(!again.exists());
+    }
+
+    #[test]
+    fn hostnames_are_the_sandbox_id_cut_to_size() {
+        assert_eq!(hostname("t-tmpl-1"), "t-tmpl-1");
+        assert_eq!(hostname("a_b/c"), "abc");
+        assert_eq!(hostname(&"x".repeat(100)).len(), 63);
+        assert_eq!(hostname("///"), "burrow");
+    }
+
+    #[test]
+    fn the_annotation_and_config_switch_it() {
+        let mut c = Config::default();
+        let with = |v: Option<&str>| ContainerConfig {
+            id: "c".into(),
+            bundle: "/b".into(),
+            spec: match v {
+                Some(v) => serde_json::json!({"annotations": {ANNOTATION: v}}),
+                None => serde_json::json!({}),
+            },
+            rootfs: vec![],
+            stdin: false,
+        };
+        assert!(!wanted(&c, &with(None)));
+        assert!(wanted(&c, &with(Some("on"))));
+        c.templates = true;
+        assert!(wanted(&c, &with(None)));
+        assert!(!wanted(&c, &with(Some("off"))));
+        let mut netns = with(None);
+        netns.spec = serde_json::json!({"linux": {"namespaces": [
+            {"type": "network", "path": "/var/run/netns/x"}]}});
+        assert!(!wanted(&c, &netns), "a NIC would carry the template's MAC");
+    }
+}

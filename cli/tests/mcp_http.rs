@@ -147,6 +147,34 @@ async fn loopback_port_zero_serves_the_tools() {
     assert_eq!(info.server_info.as_ref().unwrap().name, "burrow");
     check_tools(&client).await;
     client.cancel().await.unwrap();
+
+    // A web page that rebinds a name of its own to 127.0.0.1 sends its own
+    // Host: refused; the same request with a loopback Host is served.
+    assert_eq!(raw_initialize(port, "evil.example"), 403);
+    assert_eq!(raw_initialize(port, &format!("127.0.0.1:{port}")), 200);
+}
+
+/// POST an initialize request by hand with `host` as the Host header; the
+/// response's status code.
+fn raw_initialize(port: u16, host: &str) -> u16 {
+    use std::io::{Read, Write};
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "POST /mcp HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).unwrap();
+    let head = String::from_utf8_lossy(&head);
+    head.strip_prefix("HTTP/1.1 ")
+        .and_then(|r| r.trim().parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP response: {head:?}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -72,43 +72,62 @@ pub fn serve(server: Burrow, listen: Listen) -> anyhow::Result<()> {
             StreamableHttpServerConfig::default(),
         );
         let stop = service.config.cancellation_token.clone();
-        let r = match listen {
+        // Handlers first: a stop asked as soon as the address is printed
+        // still removes the socket.
+        let stopped = shutdown_signal()?;
+        let (listener, unix_path) = match listen {
             Listen::Tcp(addr) => {
-                let listener = tokio::net::TcpListener::bind(addr)
+                let l = tokio::net::TcpListener::bind(addr)
                     .await
                     .with_context(|| format!("listening on {addr}"))?;
-                let bound = listener.local_addr().context("the bound address")?;
+                let bound = l.local_addr().context("the bound address")?;
                 eprintln!("burrow mcp: listening on http://{bound}/mcp");
-                tokio::select! {
-                    r = async {
-                        loop {
-                            let (conn, _) = listener.accept().await.context("accepting")?;
-                            spawn_connection(conn, service.clone());
-                        }
-                    } => r,
-                    r = shutdown_signal() => r,
-                }
+                (Listener::Tcp(l), None)
             }
             Listen::Unix(path) => {
-                let listener = bind_unix(&path)?;
+                let l = bind_unix(&path)?;
                 eprintln!("burrow mcp: listening on unix:{}", path.display());
-                let r = tokio::select! {
-                    r = async {
-                        loop {
-                            let (conn, _) = listener.accept().await.context("accepting")?;
-                            spawn_connection(conn, service.clone());
-                        }
-                    } => r,
-                    r = shutdown_signal() => r,
-                };
-                let _ = std::fs::remove_file(&path);
-                r
+                (Listener::Unix(l), Some(path))
             }
         };
+        tokio::select! {
+            () = accept_loop(listener, service) => {},
+            () = stopped => {},
+        }
+        if let Some(path) = unix_path {
+            let _ = std::fs::remove_file(path);
+        }
         // End the sessions' streams before the runtime goes.
         stop.cancel();
-        r
+        Ok(())
     })
+}
+
+enum Listener {
+    Tcp(tokio::net::TcpListener),
+    Unix(tokio::net::UnixListener),
+}
+
+/// Accept connections until the process is stopped. A failed accept (out
+/// of file descriptors, say) is reported and retried: one bad moment must
+/// not take the server down under its clients.
+async fn accept_loop(listener: Listener, service: Service) {
+    loop {
+        let accepted = match &listener {
+            Listener::Tcp(l) => l
+                .accept()
+                .await
+                .map(|(c, _)| spawn_connection(c, service.clone())),
+            Listener::Unix(l) => l
+                .accept()
+                .await
+                .map(|(c, _)| spawn_connection(c, service.clone())),
+        };
+        if let Err(e) = accepted {
+            eprintln!("burrow mcp: accepting a connection: {e}");
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
 }
 
 /// One HTTP/1.1 connection, served until the client closes it.
@@ -124,15 +143,17 @@ where
     });
 }
 
-async fn shutdown_signal() -> anyhow::Result<()> {
+/// Resolves on SIGTERM or SIGINT; the handlers are installed at once.
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
-    tokio::select! {
-        _ = term.recv() => {},
-        _ = int.recv() => {},
-    }
-    Ok(())
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {},
+            _ = int.recv() => {},
+        }
+    })
 }
 
 /// Bind a unix socket at `path`, mode 0600 from the start: it is bound in

@@ -26,10 +26,7 @@ struct Server {
 
 impl Server {
     fn start(state: &Path, http: &str) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_burrow"))
-            .args(["mcp", "--http", http, "--state-dir"])
-            .arg(state)
-            .stdin(Stdio::null())
+        let mut child = burrow_mcp(state, http)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -54,6 +51,15 @@ impl Server {
         };
         Server { child, addr }
     }
+}
+
+/// `burrow mcp --http HTTP --state-dir STATE`, stdin closed.
+fn burrow_mcp(state: &Path, http: &str) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_burrow"));
+    cmd.args(["mcp", "--http", http, "--state-dir"])
+        .arg(state)
+        .stdin(Stdio::null());
+    cmd
 }
 
 impl Drop for Server {
@@ -205,15 +211,7 @@ async fn unix_socket_serves_the_tools_0600_and_is_removed_on_sigterm() {
     client.cancel().await.unwrap();
 
     // A second server must not take over the live socket.
-    let second = Command::new(env!("CARGO_BIN_EXE_burrow"))
-        .args([
-            "mcp",
-            "--http",
-            &format!("unix:{}", sock.display()),
-            "--state-dir",
-        ])
-        .arg(state.path())
-        .stdin(Stdio::null())
+    let second = burrow_mcp(state.path(), &format!("unix:{}", sock.display()))
         .output()
         .unwrap();
     assert!(!second.status.success());
@@ -238,15 +236,7 @@ fn unix_socket_does_not_clobber_a_file() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("notes.txt");
     std::fs::write(&file, "keep me").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_burrow"))
-        .args([
-            "mcp",
-            "--http",
-            &format!("unix:{}", file.display()),
-            "--state-dir",
-        ])
-        .arg(state.path())
-        .stdin(Stdio::null())
+    let out = burrow_mcp(state.path(), &format!("unix:{}", file.display()))
         .output()
         .unwrap();
     assert!(!out.status.success());
@@ -259,12 +249,7 @@ fn unix_socket_does_not_clobber_a_file() {
 fn non_loopback_addresses_are_refused() {
     let state = tempfile::tempdir().unwrap();
     for addr in ["0.0.0.0:1234", "[::]:1234", "192.168.1.10:80"] {
-        let out = Command::new(env!("CARGO_BIN_EXE_burrow"))
-            .args(["mcp", "--http", addr, "--state-dir"])
-            .arg(state.path())
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
+        let out = burrow_mcp(state.path(), addr).output().unwrap();
         assert!(!out.status.success(), "{addr} was accepted");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("refusing to listen on"), "{addr}: {err}");

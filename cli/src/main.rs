@@ -75,8 +75,15 @@ enum Command {
         json: bool,
     },
     /// Serve the sandboxes' tools (exec, files, checkpoint) to AI agents as
-    /// a Model Context Protocol server on stdio.
+    /// a Model Context Protocol server on stdio (or Streamable HTTP).
     Mcp {
+        /// Serve Streamable HTTP instead of stdio, on a loopback address
+        /// (127.0.0.1:PORT, [::1]:PORT; port 0 picks a free one) or a unix
+        /// socket (unix:/PATH, made 0600). The bound address is printed on
+        /// stderr. Other addresses are refused: the tools have no
+        /// authentication.
+        #[arg(long, value_name = "ADDR")]
+        http: Option<mcp::http::Listen>,
         /// The shims' state directory (default: `state_dir` from the burrow
         /// config, else /run/burrow).
         #[arg(long)]
@@ -171,12 +178,16 @@ fn main() -> Result<()> {
         Command::Type(a) => tool("type", 1, || browse::type_text(a)),
         Command::Screenshot(a) => tool("screenshot", 1, || browse::screenshot(a)),
         Command::Mcp {
+            http,
             state_dir,
             namespace,
-        } => mcp::serve_stdio(
-            state_dir.unwrap_or_else(sandbox::state_dir_from_config),
-            namespace,
-        ),
+        } => {
+            let root = state_dir.unwrap_or_else(sandbox::state_dir_from_config);
+            match http {
+                None => mcp::serve_stdio(root, namespace),
+                Some(listen) => mcp::http::serve(mcp::Burrow::new(root, namespace), listen),
+            }
+        }
         Command::Check => {
             let facts = check::Facts::gather();
             print!("{}", check::report(&facts));

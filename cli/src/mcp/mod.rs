@@ -1,5 +1,5 @@
 //! `burrow mcp`: the sandboxes' tools as a Model Context Protocol server
-//! (rmcp, on stdio). Every tool takes the container id as `sandbox` and
+//! (rmcp, on stdio, or on Streamable HTTP with `--http`: [`http`]). Every tool takes the container id as `sandbox` and
 //! goes through that sandbox's shim control socket, the same requests as
 //! `burrow exec|read|write|ls|edit` (a hibernated sandbox wakes for them).
 //!
@@ -11,6 +11,7 @@
 //! control socket before it is read into memory here.
 
 pub mod browser;
+pub mod http;
 pub mod output;
 pub mod redact;
 pub mod session;

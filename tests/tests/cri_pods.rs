@@ -333,7 +333,13 @@ fn limits_are_each_containers_own(cri: &Cri, handler: &str) {
         .create_container_with(&pod, "tight", &forever, Some(memory_limit(32 * MIB)))
         .unwrap();
     cri.start_container(&tight);
-    let free = cri.create_container(&pod, "free", &forever).unwrap();
+    // Its own init holds 16 MB once told to (an exec's background child
+    // may go with the exec under runc).
+    let hold =
+        "while [ ! -e /tmp/go ]; do sleep 1; done; x=$(yes | head -c 16000000); sleep 2147483647";
+    let free = cri
+        .create_container(&pod, "free", &["sh", "-c", hold])
+        .unwrap();
     cri.start_container(&free);
 
     // pause, tight and free each run `sleep 2147483647`: one PID namespace.
@@ -344,15 +350,15 @@ fn limits_are_each_containers_own(cri: &Cri, handler: &str) {
         .lines()
         .filter(|l| l.ends_with("sleep 2147483647"))
         .count();
-    assert_eq!(
-        sleeps, 3,
+    // (free's shell's command line ends with it too)
+    assert!(
+        sleeps >= 3,
         "{handler}: the pod's processes from tight: {e:?}"
     );
 
     // 16 MB held by a shell in `free`: its working set grows, tight's not.
     let (free0, tight0) = (working_set(cri, &free), working_set(cri, &tight));
-    let hold = "x=$(yes | head -c 16000000); sleep 600 </dev/null >/dev/null 2>&1";
-    let e = cri.exec(&free, &["sh", "-c", &format!("({hold}) >/dev/null 2>&1 &")]);
+    let e = cri.exec(&free, &["touch", "/tmp/go"]);
     assert_eq!(e.code, 0, "{e:?}");
     let start = Instant::now();
     loop {

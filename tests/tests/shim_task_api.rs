@@ -96,7 +96,7 @@ fn metrics(c: &Containerd, id: &str) -> Metrics {
 }
 
 #[test]
-fn metrics_are_the_guests_and_update_is_refused_clearly() {
+fn metrics_are_the_containers_and_update_reaches_its_cgroup() {
     let c = containerd("stats");
     let id = "t-stats";
     run_detached(&c, &[], id, &["sleep", "100000"]);
@@ -176,7 +176,7 @@ fn metrics_are_the_guests_and_update_is_refused_clearly() {
         "a loop that used 1.5 s of CPU ticks in the guest must add at least 0.5 s to the container's CPU time: before {m2:?}, after {m3:?}"
     );
 
-    update_is_refused_and_changes_nothing(&c, id, m3);
+    update_reaches_the_containers_cgroup(&c, id, m3);
     kill_and_remove(&c, id);
 }
 
@@ -224,19 +224,24 @@ fn guest_size(c: &Containerd, id: &str, exec_id: &str) -> String {
 /// Update: a VM's vCPUs and memory are fixed when it boots (no hotplug), so
 /// an update of resources is refused saying so, a malformed one too, and
 /// the guest keeps its size; an update of annotations alone is accepted.
-fn update_is_refused_and_changes_nothing(c: &Containerd, id: &str, before: Metrics) {
+fn update_reaches_the_containers_cgroup(c: &Containerd, id: &str, before: Metrics) {
     const LINUX_RESOURCES: &str =
         "types.containerd.io/opencontainers/runtime-spec/1/LinuxResources";
     step("update through the shim's task API");
     let size = guest_size(c, id, "size-before");
+    // Linux resources go to the container's cgroup in the guest.
+    update(
+        c,
+        id,
+        id,
+        Some((
+            LINUX_RESOURCES,
+            &br#"{"memory":{"limit":134217728},"cpu":{"shares":512,"quota":50000,"period":100000}}"#[..],
+        )),
+        &[],
+    )
+    .expect("a memory limit and CPU shares and quota");
     let refusals = [
-        (
-            "memory limit and CPU shares and quota",
-            (
-                LINUX_RESOURCES,
-                &br#"{"memory":{"limit":134217728},"cpu":{"shares":512,"quota":50000,"period":100000}}"#[..],
-            ),
-        ),
         ("malformed resources", (LINUX_RESOURCES, &b"{\"memory\": [not json"[..])),
         ("resources of an unknown type", ("example.com/Nonsense", &b"\x01\x02"[..])),
     ];
@@ -245,13 +250,7 @@ fn update_is_refused_and_changes_nothing(c: &Containerd, id: &str, before: Metri
         let ttrpc::Error::RpcStatus(s) = &err else {
             panic!("{what}: not a status error: {err:?}");
         };
-        assert_eq!(s.code(), ttrpc::Code::UNIMPLEMENTED, "{what}: {s:?}");
-        assert!(
-            s.message.contains(&format!(
-                "updating the resources of task {id} is not supported"
-            )) && s.message.contains("fixed when it boots"),
-            "{what}: the refusal must say why: {s:?}"
-        );
+        assert_eq!(s.code(), ttrpc::Code::INVALID_ARGUMENT, "{what}: {s:?}");
     }
     let err = update(c, id, "no-such-task", Some(refusals[0].1), &[]).expect_err("unknown task");
     assert!(
@@ -261,12 +260,12 @@ fn update_is_refused_and_changes_nothing(c: &Containerd, id: &str, before: Metri
     update(c, id, id, None, &[("io.burrow.test", "annotated")])
         .expect("an update of annotations alone is accepted");
 
-    // Nothing changed: the task runs, and the guest has the same memory
-    // and CPUs, as the container and `ctr task metrics` see them.
+    // The task runs on; the VM keeps its size (it cannot grow), and the
+    // container's memory limit is the new one, as `ctr task metrics` sees it.
     assert_eq!(
         c.task_status(id).as_deref(),
         Some("RUNNING"),
-        "refused updates leave the task running"
+        "updates leave the task running"
     );
     assert_eq!(
         guest_size(c, id, "size-after"),
@@ -275,8 +274,9 @@ fn update_is_refused_and_changes_nothing(c: &Containerd, id: &str, before: Metri
     );
     let after = metrics(c, id);
     assert_eq!(
-        after.memory_limit, before.memory_limit,
-        "the memory limit is unchanged: before {before:?}, after {after:?}"
+        after.memory_limit,
+        134_217_728,
+        "the container's memory limit is the updated one: before {before:?}, after {after:?}"
     );
 }
 

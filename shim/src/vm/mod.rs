@@ -85,26 +85,22 @@ pub struct VmSandbox {
 }
 
 /// What the agent mounts as container `c`'s root: the guest's `source`,
-/// read-only when the image or the spec asks.
-fn guest_rootfs(c: &ContainerConfig, rootfs: &GuestRootfs, source: String) -> pb::Rootfs {
-    let read_only = wants_read_only(c, rootfs);
+/// read-only when its disk is. A spec's `root.readonly` is the agent's to
+/// apply once the spec's mounts are in (as runc does): their mount points
+/// may have to be made first (CRI's pause has a read-only root and gets
+/// /etc/resolv.conf bind-mounted onto an image that lacks it).
+fn guest_rootfs(_c: &ContainerConfig, rootfs: &GuestRootfs, source: String) -> pb::Rootfs {
     pb::Rootfs {
         source,
         fstype: rootfs.fstype.clone(),
-        options: if read_only { vec!["ro".into()] } else { vec![] },
+        options: if rootfs.read_only {
+            vec!["ro".into()]
+        } else {
+            vec![]
+        },
         writable_overlay: false,
         ..Default::default()
     }
-}
-
-/// Whether container `c`'s root filesystem is mounted read-only.
-fn wants_read_only(c: &ContainerConfig, rootfs: &GuestRootfs) -> bool {
-    rootfs.read_only
-        || c.spec
-            .get("root")
-            .and_then(|r| r.get("readonly"))
-            .and_then(serde_json::Value::as_bool)
-            == Some(true)
 }
 
 /// The state directory of a sandbox.

@@ -372,3 +372,171 @@ fn containerds_default_seccomp_profile_holds_in_the_guest() {
     }
     c.assert_clean(CLEAN);
 }
+
+/// Where a refused vsock connect may end, by errno name: the VMM answers
+/// a connection to any CID but the host's with a reset, the guest kernel
+/// refuses its own CID (no loopback transport), and one to a host port
+/// nobody listens on is reset too.
+const VSOCK_REFUSED: [&str; 5] = [
+    "ECONNRESET",
+    "ECONNREFUSED",
+    "ENODEV",
+    "ENETUNREACH",
+    "EHOSTUNREACH",
+];
+
+/// The guest CID burrow-vmm `pid` was started with (`--cid`, default 3).
+fn guest_cid(pid: i32) -> u32 {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    let args: Vec<String> = cmdline
+        .split(|&b| b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    args.windows(2)
+        .find(|w| w[0] == "--cid")
+        .map_or(3, |w| w[1].parse().unwrap())
+}
+
+/// Code in a container cannot reach the agent over vsock (issue 15). A
+/// static probe, streamed into a running busybox container through its
+/// exec's stdin, connects to the agent's port on the local CID 1, on the
+/// guest's own CID (as the VMM was given it, and as /dev/vsock says if the
+/// container has one), on the hypervisor's CID 0 and on the host's CID 2
+/// (the host side has nothing on that port: the shim reaches the agent,
+/// never the other way round). Each is refused with a clear errno. The
+/// control: the same binary's socket and connect work, and a listener the
+/// test puts on the host side of the VM's vsock (a host port, as the VMM
+/// maps guest-initiated connections) gets its line and answers it.
+#[test]
+fn a_container_cannot_reach_the_agent_over_vsock() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::fs::PermissionsExt;
+
+    let probe = burrow_tests::asset_from_env("BURROW_VSOCK_PROBE", "tests/images/vsock-probe");
+    let probe = std::fs::read(&probe).unwrap();
+    let c = containerd("vsock");
+    let id = "t-vsock";
+    let r = c.ctr(&run(&["-d"], id, &["sleep", "3600"]));
+    assert_eq!(r.code, Some(0), "{r:?}\n{}", c.diagnostics());
+    c.wait_status(id, "RUNNING", LONG);
+    let state = c.burrow_state().join("default").join(id);
+    assert!(
+        state.join("vsock.sock").exists(),
+        "no vsock socket in {}",
+        state.display()
+    );
+    let agent_port = burrow_protocol::AGENT_VSOCK_PORT;
+    let control_port = 5000;
+    let control = state.join(format!("vsock.sock_{control_port}"));
+    let listener = std::os::unix::net::UnixListener::bind(&control).unwrap();
+    // The jailed VMM (its own uid) connects to it.
+    std::os::unix::fs::chown(
+        &control,
+        Some(burrow_tests::jailed::JAIL_ID),
+        Some(burrow_tests::jailed::JAIL_ID),
+    )
+    .unwrap();
+    std::fs::set_permissions(&control, std::fs::Permissions::from_mode(0o600)).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let host_side = std::thread::spawn(move || {
+        let start = Instant::now();
+        let (s, _) = loop {
+            match listener.accept() {
+                Ok(c) => break c,
+                Err(_) if start.elapsed() < LONG => std::thread::sleep(Duration::from_millis(50)),
+                Err(e) => return Err(format!("nobody connected: {e}")),
+            }
+        };
+        s.set_nonblocking(false).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+        let mut line = String::new();
+        BufReader::new(&s)
+            .read_line(&mut line)
+            .map_err(|e| e.to_string())?;
+        (&s).write_all(b"pong from the host\n").unwrap();
+        Ok(line)
+    });
+
+    let cid = guest_cid(c.vmm_pid(id));
+    assert!(cid > 2, "guest CID {cid}");
+    let own = format!("{cid}:{agent_port}");
+    let local = format!("1:{agent_port}");
+    let hypervisor = format!("0:{agent_port}");
+    let host = format!("2:{agent_port}");
+    let self_cid = format!("self:{agent_port}");
+    let ok_target = format!("2:{control_port}");
+    let e = c.ctr_with(
+        &[
+            "task",
+            "exec",
+            "--exec-id",
+            "probe",
+            id,
+            "sh",
+            "-c",
+            "cat >/tmp/vsock-probe && chmod 755 /tmp/vsock-probe && exec /tmp/vsock-probe \"$@\"",
+            "sh",
+            &local,
+            &own,
+            &self_cid,
+            &hypervisor,
+            &host,
+            &ok_target,
+        ],
+        Some(&probe),
+        LONG,
+    );
+    let _ = std::fs::remove_file(&control);
+    assert_eq!(e.code, Some(0), "{e:?}\n{}", c.diagnostics());
+    let out = &e.stdout;
+    let line = |prefix: &str| {
+        out.lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix:?} line from the probe:\n{out}"))
+            .to_string()
+    };
+    // The control: vsock is there and the probe can connect where it may.
+    assert_eq!(line("socket "), "socket ok", "{out}");
+    assert_eq!(
+        line(&format!("connect {ok_target} ")),
+        format!("connect {ok_target} ok"),
+        "{out}"
+    );
+    assert_eq!(line("reply "), "reply pong from the host", "{out}");
+    let heard = host_side.join().unwrap();
+    assert_eq!(heard.as_deref(), Ok("ping from the container\n"));
+
+    let mut refused = vec![local, own, hypervisor, host];
+    // The guest's own CID as its kernel reports it, if the container can
+    // ask (containers usually have no /dev/vsock).
+    let local_cid = line("local_cid ");
+    if let Some(n) = local_cid
+        .strip_prefix("local_cid ")
+        .and_then(|n| n.parse::<u32>().ok())
+    {
+        assert_eq!(n, cid, "{out}");
+        refused.push(format!("{n}:{agent_port}"));
+    } else {
+        assert!(
+            out.contains(&format!("connect {self_cid} skipped")),
+            "{out}"
+        );
+    }
+    for target in &refused {
+        let l = line(&format!("connect {target} "));
+        let errno = l.rsplit(' ').next().unwrap_or_default();
+        assert!(
+            l.contains("errno=") && VSOCK_REFUSED.contains(&errno),
+            "a container's connect to vsock {target} must be refused: {l:?}\n{out}"
+        );
+    }
+    // Only the control's connection got a reply.
+    assert_eq!(out.matches("reply ").count(), 1, "{out}");
+    println!("the probe in the container:\n{out}");
+
+    assert_eq!(c.ctr(&["task", "kill", "-s", "SIGKILL", id]).code, Some(0));
+    c.wait_status(id, "STOPPED", LONG);
+    assert_eq!(c.ctr(&["task", "delete", id]).code, Some(0));
+    assert_eq!(c.ctr(&["containers", "rm", id]).code, Some(0));
+    c.assert_clean(CLEAN);
+}

@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use burrow_vmm::devices::virtio::mmio;
 use burrow_vmm::probe::tiny_elf;
+use burrow_vmm::x86_64::layout::{VIRTIO_MMIO_SIZE, VIRTIO_MMIO_START};
 
 const ENTRY: u64 = 0x10_0000;
 
@@ -484,4 +486,421 @@ fn block_slot_attached_through_the_api_shows_its_capacity() {
         stdout.contains("8\n"),
         "the guest saw 8 sectors: {stdout:?}"
     );
+}
+
+/// 32-bit guest code (flat segments, no paging: the PVH entry) that drives
+/// virtio-mmio registers with plain stores.
+#[derive(Default)]
+struct Code(Vec<u8>);
+
+impl Code {
+    /// `mov dword [addr], v`.
+    fn store(&mut self, addr: u64, v: u32) {
+        self.0.extend_from_slice(&[0xc7, 0x05]);
+        self.0
+            .extend_from_slice(&u32::try_from(addr).unwrap().to_le_bytes());
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+
+    /// `mov word [addr], v`.
+    fn store16(&mut self, addr: u64, v: u16) {
+        self.0.extend_from_slice(&[0x66, 0xc7, 0x05]);
+        self.0
+            .extend_from_slice(&u32::try_from(addr).unwrap().to_le_bytes());
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+
+    /// `mov byte [addr], v`.
+    fn store8(&mut self, addr: u64, v: u8) {
+        self.0.extend_from_slice(&[0xc6, 0x05]);
+        self.0
+            .extend_from_slice(&u32::try_from(addr).unwrap().to_le_bytes());
+        self.0.push(v);
+    }
+
+    /// `jmp target` (an offset into this code).
+    fn jmp(&mut self, target: usize) {
+        let rel = target as i64 - (self.0.len() as i64 + 5);
+        self.0.push(0xe9);
+        self.0
+            .extend_from_slice(&i32::try_from(rel).unwrap().to_le_bytes());
+    }
+}
+
+/// A driver that writes garbage: what the guest of
+/// `a_guest_writing_garbage_to_every_queue_notify_stays_contained` does to
+/// one virtio-mmio device at `base` with `queues` queues, its rings in
+/// guest memory at `rings` (0x1000 per queue).
+struct Garbage<'a> {
+    c: &'a mut Code,
+    base: u64,
+    queues: u32,
+    rings: u64,
+}
+
+const VIRTQ_DESC_F_NEXT: u32 = 1;
+const VIRTQ_DESC_F_WRITE: u32 = 2;
+/// Entries of every queue the garbage driver sets up.
+const GARBAGE_QUEUE_SIZE: u32 = 8;
+
+impl Garbage<'_> {
+    fn reg(&mut self, offset: u64, v: u32) {
+        self.c.store(self.base + offset, v);
+    }
+
+    fn ring(&self, q: u32) -> (u64, u64, u64, u64) {
+        let r = self.rings + u64::from(q) * 0x1000;
+        // descriptors, avail ring, used ring, a data buffer
+        (r, r + 0x100, r + 0x200, r + 0x800)
+    }
+
+    /// Descriptor `i` of queue `q`.
+    fn desc(&mut self, q: u32, i: u32, addr: u64, len: u32, flags: u32, next: u32) {
+        let d = self.ring(q).0 + 16 * u64::from(i);
+        self.c.store(d, addr as u32);
+        self.c.store(d + 4, (addr >> 32) as u32);
+        self.c.store(d + 8, len);
+        self.c.store(d + 12, flags | next << 16);
+    }
+
+    /// Publish `idx` as the avail index with `head` in the first slot.
+    fn avail(&mut self, q: u32, idx: u16, head: u16) {
+        let a = self.ring(q).1;
+        self.c.store(a, u32::from(idx) << 16);
+        self.c.store(a + 4, u32::from(head));
+    }
+
+    /// QueueNotify with every kind of index: the device's own queues
+    /// (through KVM's ioeventfds), indexes past them, huge ones, and
+    /// 1- and 2-byte writes.
+    fn notify_everything(&mut self) {
+        for v in [0, 1, 2, 3, 7, 0x100, 0xffff, 0xffff_ffff] {
+            self.reg(mmio::REG_QUEUE_NOTIFY, v);
+        }
+        self.c.store16(self.base + mmio::REG_QUEUE_NOTIFY, 0);
+        self.c.store8(self.base + mmio::REG_QUEUE_NOTIFY, 1);
+    }
+
+    /// Reset, then the feature handshake up to FEATURES_OK.
+    fn handshake(&mut self) {
+        self.reg(mmio::REG_STATUS, 0);
+        self.reg(mmio::REG_STATUS, mmio::STATUS_ACKNOWLEDGE);
+        self.reg(
+            mmio::REG_STATUS,
+            mmio::STATUS_ACKNOWLEDGE | mmio::STATUS_DRIVER,
+        );
+        self.reg(mmio::REG_DRIVER_FEATURES_SEL, 1);
+        self.reg(mmio::REG_DRIVER_FEATURES, 1); // VIRTIO_F_VERSION_1
+        self.reg(mmio::REG_DRIVER_FEATURES_SEL, 0);
+        self.reg(mmio::REG_DRIVER_FEATURES, 0);
+        self.reg(
+            mmio::REG_STATUS,
+            mmio::STATUS_ACKNOWLEDGE | mmio::STATUS_DRIVER | mmio::STATUS_FEATURES_OK,
+        );
+    }
+
+    fn queue(&mut self, q: u32, desc: u64, avail: u64, used: u64, ready: bool) {
+        self.reg(mmio::REG_QUEUE_SEL, q);
+        self.reg(mmio::REG_QUEUE_NUM, GARBAGE_QUEUE_SIZE);
+        for (low, addr) in [
+            (mmio::REG_QUEUE_DESC_LOW, desc),
+            (mmio::REG_QUEUE_AVAIL_LOW, avail),
+            (mmio::REG_QUEUE_USED_LOW, used),
+        ] {
+            self.reg(low, addr as u32);
+            self.reg(low + 4, (addr >> 32) as u32);
+        }
+        if ready {
+            self.reg(mmio::REG_QUEUE_READY, 1);
+        }
+    }
+
+    /// Queue `q` at its rings in guest memory, ready.
+    fn good_queue(&mut self, q: u32) {
+        let (d, a, u, _) = self.ring(q);
+        self.queue(q, d, a, u, true);
+    }
+
+    fn driver_ok(&mut self) {
+        self.reg(mmio::REG_STATUS, 0xf);
+    }
+
+    /// One round of garbage, each step after a reset and handshake.
+    fn round(&mut self) {
+        // Notifications before any driver exists.
+        self.reg(mmio::REG_STATUS, 0);
+        self.notify_everything();
+
+        // A ready queue whose rings lie outside guest memory (past it,
+        // in the MMIO hole, on this device's own registers): the device
+        // must not activate.
+        self.handshake();
+        self.queue(0, 0xff_ffff_0000, 0xffff_fff0, self.base, true);
+        self.driver_ok();
+        self.notify_everything();
+
+        // Every queue ready, each holding a descriptor chain that loops.
+        self.handshake();
+        for q in 0..self.queues {
+            let buf = self.ring(q).3;
+            self.desc(q, 0, buf, 16, VIRTQ_DESC_F_NEXT, 1);
+            self.desc(q, 1, buf, 16, VIRTQ_DESC_F_NEXT, 0);
+            self.avail(q, 1, 0);
+            self.good_queue(q);
+        }
+        self.driver_ok();
+        self.notify_everything();
+
+        // Queue 0 posts a head past the end of its table; the others are
+        // never set up, and queue 1's rings, not ready, are outside memory.
+        self.handshake();
+        self.avail(0, 1, 200);
+        self.good_queue(0);
+        if self.queues > 1 {
+            self.queue(1, 0xff_ffff_0000, 0xffff_fff0, self.base, false);
+        }
+        self.driver_ok();
+        self.notify_everything();
+
+        // An avail index far ahead of the device.
+        self.handshake();
+        self.avail(0, 0x8000, 0);
+        self.good_queue(0);
+        self.driver_ok();
+        self.notify_everything();
+
+        // One descriptor whose buffer lies outside guest memory, both
+        // directions in turn.
+        for flags in [0, VIRTQ_DESC_F_WRITE] {
+            self.handshake();
+            self.desc(0, 0, 0xff_ffff_0000, 0xffff_ffff, flags, 0);
+            self.avail(0, 1, 0);
+            self.good_queue(0);
+            self.driver_ok();
+            self.notify_everything();
+        }
+        self.reg(mmio::REG_STATUS, 0);
+    }
+}
+
+/// Whether this process may make a tap (root with /dev/net/tun): then the
+/// garbage test includes a virtio-net device.
+fn can_make_tap(name: &str) -> bool {
+    #[repr(C)]
+    struct IfReq {
+        name: [u8; 16],
+        flags: libc::c_short,
+        _pad: [u8; 22],
+    }
+    const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+    let Ok(tun) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/net/tun")
+    else {
+        return false;
+    };
+    let mut req = IfReq {
+        name: [0; 16],
+        flags: (libc::IFF_TAP | libc::IFF_NO_PI) as libc::c_short,
+        _pad: [0; 22],
+    };
+    req.name[..name.len()].copy_from_slice(name.as_bytes());
+    // SAFETY: TUNSETIFF reads and writes one ifreq, which `req` is; the
+    // tap goes away with `tun` (not persistent).
+    let rc = unsafe {
+        libc::ioctl(
+            std::os::fd::AsRawFd::as_raw_fd(&tun),
+            TUNSETIFF as _,
+            &mut req,
+        )
+    };
+    rc == 0
+}
+
+/// A hostile guest loops over every virtio-mmio device the VMM gives it
+/// (a disk, two block slots, vsock, and virtio-net where a tap can be
+/// made) writing garbage: QueueNotify for queues that do not exist, for
+/// queues never set up, 1- and 2-byte notifications, queues whose rings
+/// lie outside guest memory, descriptor chains that loop, heads past the
+/// table, an avail index far ahead, buffers outside memory. Meanwhile the
+/// VMM stays up, the guest keeps running (it prints a dot per round), the
+/// control API answers each request within a second, and the VMM's log,
+/// which names what the guest did wrong, stays under its cap.
+#[test]
+fn a_guest_writing_garbage_to_every_queue_notify_stays_contained() {
+    let d = tmpdir("garbage");
+    let disk = d.join("disk.img");
+    std::fs::write(&disk, vec![0u8; 64 << 10]).unwrap();
+    let slot_disk = d.join("slot.img");
+    std::fs::write(&slot_disk, vec![0u8; 8 * 512]).unwrap();
+    let vsock = d.join("vsock.sock");
+    let tap = format!("bwq{}", std::process::id() % 1_000_000);
+    let net = can_make_tap(&tap);
+    if !net {
+        eprintln!("no tap can be made here (not root, or no /dev/net/tun): no virtio-net device in this run");
+    }
+    // Device order: disks, slots, vsock, net (see Vmm::build).
+    let mut queues = vec![1, 1, 1, 3];
+    if net {
+        queues.push(2);
+    }
+    let mut code = Code::default();
+    code.0.extend(print32(b"garbage\n"));
+    let top = code.0.len();
+    for (i, &n) in queues.iter().enumerate() {
+        Garbage {
+            c: &mut code,
+            base: VIRTIO_MMIO_START + i as u64 * VIRTIO_MMIO_SIZE,
+            queues: n,
+            rings: 0x20_0000 + i as u64 * 0x1_0000,
+        }
+        .round();
+    }
+    code.0.extend(print32(b"."));
+    code.jmp(top);
+    let k = kernel(&d, &code.0, true);
+    let log = d.join("serial.log");
+    let api = d.join("api.sock");
+    const LOG_CAP: u64 = 16 << 10;
+    let mut args = vec![
+        "--kernel".to_string(),
+        k.display().to_string(),
+        "--disk".into(),
+        disk.display().to_string(),
+        "--disk-slots".into(),
+        "2".into(),
+        "--vsock".into(),
+        vsock.display().to_string(),
+        "--serial-log".into(),
+        log.display().to_string(),
+        "--log-max".into(),
+        LOG_CAP.to_string(),
+        "--api".into(),
+        api.display().to_string(),
+    ];
+    if net {
+        args.extend(["--net".into(), format!("tap={tap},mac=02:00:00:00:00:01")]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    // The VMM's log goes to a file, as the shim has it (a pipe nobody
+    // reads would stop it at 64 KiB).
+    let vmm_log = d.join("vmm.log");
+    let mut child = vmm(&args)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&vmm_log).unwrap())
+        .spawn()
+        .unwrap();
+    let rounds = || {
+        let text = std::fs::read(&log).unwrap_or_default();
+        text.iter().filter(|&&b| b == b'.').count()
+    };
+    // The host side of vsock asks for a connection: the device has a
+    // packet for the guest's receive queue whenever it is notified.
+    let start = Instant::now();
+    let host_conn = loop {
+        if let Ok(mut s) = UnixStream::connect(&vsock) {
+            s.write_all(b"CONNECT 1024\n").unwrap();
+            break s;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "vsock socket never appeared"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stream = UnixStream::connect(&api).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut s = BufReader::new(stream);
+    while rounds() < 3 {
+        assert!(child.try_wait().unwrap().is_none(), "burrow-vmm exited");
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the guest finished {} rounds in 60 s",
+            rounds()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut send = |line: &str| {
+        let asked = Instant::now();
+        s.get_mut()
+            .write_all(format!("{line}\n").as_bytes())
+            .unwrap();
+        let reply = loop {
+            let mut reply = String::new();
+            s.read_line(&mut reply).unwrap();
+            if reply.starts_with("{\"ok\"") {
+                break reply;
+            }
+        };
+        let took = asked.elapsed();
+        assert!(
+            took < Duration::from_secs(1),
+            "{line} took {took:?} under the garbage"
+        );
+        reply
+    };
+    for i in 0..6 {
+        let before = rounds();
+        let r = send(r#"{"cmd":"status"}"#);
+        assert!(r.contains("running"), "{r}");
+        if i == 2 {
+            let r = send(&format!(
+                r#"{{"cmd":"attach_disk","slot":0,"path":{:?}}}"#,
+                slot_disk.display().to_string()
+            ));
+            assert!(r.contains("\"ok\":true"), "{r}");
+        }
+        let waited = Instant::now();
+        while rounds() == before {
+            assert!(child.try_wait().unwrap().is_none(), "burrow-vmm exited");
+            assert!(
+                waited.elapsed() < Duration::from_secs(30),
+                "the guest made no progress in 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Many more rounds than it takes to fill the log to its cap.
+    while rounds() < 20 {
+        assert!(child.try_wait().unwrap().is_none(), "burrow-vmm exited");
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "the guest finished {} rounds in 120 s",
+            rounds()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(send(r#"{"cmd":"status"}"#).contains("running"));
+    s.get_mut().write_all(b"{\"cmd\":\"stop\"}\n").unwrap();
+    drop(host_conn);
+    let out = run_with_timeout_child(child, Duration::from_secs(20));
+    let stderr = std::fs::read_to_string(&vmm_log).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.len() < LOG_CAP as usize + 400,
+        "{} bytes of VMM log",
+        stderr.len()
+    );
+    assert!(
+        stderr.contains(&format!("log reached its cap of {LOG_CAP} bytes")),
+        "{stderr}"
+    );
+    // The garbage reached the devices and was refused for what it was.
+    for said in [
+        "virtio queue 0 is invalid; not activating",
+        "malformed request: descriptor chain loops",
+        "queue 7 does not exist; device needs reset",
+        "descriptor chain is empty or its head is out of range",
+        "avail index 32768",
+    ] {
+        assert!(
+            stderr.contains(said),
+            "no {said:?} in the VMM's log:\n{stderr}"
+        );
+    }
 }

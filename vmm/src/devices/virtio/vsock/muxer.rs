@@ -248,11 +248,20 @@ impl Muxer {
         self.push_ctrl(h);
     }
 
+    /// Refuse the guest's packet `to` with a reset from the address it
+    /// was sent to and of its type, as Linux's
+    /// `virtio_transport_reset_no_sock` does. A guest kernel takes a reset
+    /// only from its socket's peer (`vsock_check_source`): one from the
+    /// host's CID for a packet to CID 1 or 0 would be dropped, and the
+    /// connect in the guest would hang until its timeout instead of
+    /// failing at once.
     fn rst_reply(&mut self, to: &Header) {
         if to.op == OP_RST {
             return;
         }
-        let h = self.header(to.dst_port, to.src_port, OP_RST);
+        let mut h = self.header(to.dst_port, to.src_port, OP_RST);
+        h.src_cid = to.dst_cid;
+        h.type_ = to.type_;
         self.push_ctrl(h);
     }
 

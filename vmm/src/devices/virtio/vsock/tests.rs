@@ -191,6 +191,44 @@ fn connect_to_missing_listener_is_reset() {
     assert_eq!(g.take_rx()[0].0.op, OP_RST);
 }
 
+/// A packet the guest sends to any CID but the host's is refused with a
+/// reset from the address it went to, of its own type: a guest kernel
+/// takes a reset only from its socket's peer (Linux's
+/// `vsock_check_source`), so one from the host's CID would be dropped and
+/// the connect in the guest would hang until its timeout instead of
+/// failing at once (seen from a container connecting to CID 1).
+#[test]
+fn a_packet_to_another_cid_is_reset_from_that_cid() {
+    let mut g = guest("othercid");
+    for cid in [0u64, 1, CID, 42, u64::from(u32::MAX)] {
+        let mut h = g.hdr(40002, 1024, OP_REQUEST);
+        h.dst_cid = cid;
+        g.send(h, &[]);
+        let pkts = g.take_rx();
+        assert_eq!(pkts.len(), 1, "CID {cid}: {pkts:?}");
+        let rst = pkts[0].0;
+        assert_eq!(
+            (rst.op, rst.type_),
+            (OP_RST, VSOCK_TYPE_STREAM),
+            "CID {cid}"
+        );
+        assert_eq!((rst.src_cid, rst.src_port), (cid, 1024), "CID {cid}");
+        assert_eq!((rst.dst_cid, rst.dst_port), (CID, 40002), "CID {cid}");
+    }
+    // Another type (seqpacket, which the device does not offer) is reset
+    // in its type, as the guest's socket would expect.
+    let mut h = g.hdr(40003, 1024, OP_REQUEST);
+    h.type_ = 2;
+    g.send(h, &[]);
+    let rst = g.take_rx()[0].0;
+    assert_eq!((rst.op, rst.type_, rst.src_cid), (OP_RST, 2, HOST_CID));
+    // A reset is never answered.
+    let mut h = g.hdr(40004, 1024, OP_RST);
+    h.dst_cid = 1;
+    g.send(h, &[]);
+    assert!(g.take_rx().is_empty());
+}
+
 #[test]
 fn bad_connect_line_closes_host_stream() {
     let mut g = guest("badline");

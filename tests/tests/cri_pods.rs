@@ -310,6 +310,12 @@ fn working_set(cri: &Cri, id: &str) -> u64 {
         .unwrap_or_else(|| panic!("no working set for {id}"))
 }
 
+/// What a container's processes hold, its /tmp and its cgroup's memory,
+/// as seen from inside (for a failure's message).
+const SEEN_FROM_INSIDE: &str = "for p in /proc/[0-9]*; do \
+     echo \"$p $(tr '\\0' ' ' < $p/cmdline) $(grep VmRSS $p/status)\"; done; \
+     ls -la /tmp; cat /sys/fs/cgroup/memory.current /sys/fs/cgroup/memory.stat | head -12";
+
 /// One 48 MiB buffer, filled (dd is the only process holding it, so it is
 /// the one the OOM killer picks).
 const ALLOC_48M: [&str; 5] = ["dd", "if=/dev/zero", "of=/dev/null", "bs=48M", "count=1"];
@@ -366,10 +372,13 @@ fn limits_are_each_containers_own(cri: &Cri, handler: &str) {
         if grown > 12_000_000 {
             break;
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(120),
-            "{handler}: free's working set grew only {grown} bytes (from {free0})"
-        );
+        if start.elapsed() > Duration::from_secs(120) {
+            let seen = cri.exec(&free, &["sh", "-c", SEEN_FROM_INSIDE]);
+            panic!(
+                "{handler}: free's working set grew only {grown} bytes (from {free0}); \
+                 inside: {seen:?}"
+            );
+        }
         std::thread::sleep(Duration::from_secs(1));
     }
     let tight1 = working_set(cri, &tight);

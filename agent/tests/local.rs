@@ -474,7 +474,7 @@ async fn malformed_requests_get_clear_errors_and_the_agent_keeps_serving() {
     assert_eq!(code, ttrpc::Code::INVALID_ARGUMENT);
     let (code, msg) = code_of(exec(&a, "", "missing", &["/no/such/binary"], false).await);
     assert_eq!(code, ttrpc::Code::NOT_FOUND, "{msg}");
-    assert!(msg.contains("exec"), "{msg}");
+    assert!(msg.contains("exec \"/no/such/binary\""), "{msg}");
     exec(&a, "", "dup", &["sleep", "100"], false)
         .await
         .expect("exec");

@@ -174,6 +174,12 @@ impl Sandbox for FakeSandbox {
 
     async fn start_container(&self, id: &str) -> Result<()> {
         self.with_proc(id, "", "start", |p| {
+            // A program the image lacks: exec fails as the guest reports it.
+            if p.script.first().map(String::as_str) == Some("missing") {
+                return Err(SandboxError::NotFound(
+                    "starting the process failed at exec \"missing\"".into(),
+                ));
+            }
             p.started = true;
             Self::run_script(p);
             Ok(())

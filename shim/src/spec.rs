@@ -105,9 +105,12 @@ pub fn validate_process(process: &Value) -> Result<(), SpecError> {
         p.get("env").is_none_or(is_string_list),
         "process.env must be a list of strings",
     )?;
+    // As runc: a relative working directory would be resolved against
+    // whatever directory the guest's agent happens to be in.
     require(
-        p.get("cwd").is_none_or(Value::is_string),
-        "process.cwd must be a string",
+        p.get("cwd")
+            .is_none_or(|c| c.as_str().is_some_and(|c| c.starts_with('/'))),
+        "process.cwd must be an absolute path",
     )
 }
 
@@ -310,6 +313,14 @@ mod tests {
         assert!(validate_spec(&json!({"process": {"args": []}})).is_err());
         assert!(validate_spec(&json!({"process": {"args": [1]}})).is_err());
         assert!(validate_spec(&json!({"process": {"args": ["a"], "env": "x"}})).is_err());
+        assert!(validate_spec(&json!({"process": {"args": ["a"], "cwd": "/w"}})).is_ok());
+        for cwd in [json!("w"), json!(""), json!(1)] {
+            let e = validate_spec(&json!({"process": {"args": ["a"], "cwd": cwd}}));
+            assert!(
+                e.is_err_and(|e| e.to_string().contains("absolute path")),
+                "{cwd}"
+            );
+        }
         assert!(
             validate_spec(&json!({"process": {"args": ["a"]}, "annotations": {"a": 1}})).is_err()
         );

@@ -267,6 +267,23 @@ impl Cri {
         self.create(pod, name, attempt, cmd, None)
     }
 
+    /// [`Cri::create_container`] with its config changed by `edit` first
+    /// (another image, a working directory...).
+    pub fn create_container_edited(
+        &self,
+        pod: &Pod,
+        name: &str,
+        cmd: &[&str],
+        edit: impl FnOnce(&mut cri::ContainerConfig),
+    ) -> Result<String, tonic::Status> {
+        let mut req = Self::create_request(pod, name, 0, cmd, None);
+        if let Some(config) = req.config.as_mut() {
+            edit(config);
+        }
+        self.call(|mut c| async move { c.create_container(req).await })
+            .map(|r| r.container_id)
+    }
+
     fn create(
         &self,
         pod: &Pod,
@@ -275,7 +292,20 @@ impl Cri {
         cmd: &[&str],
         resources: Option<cri::LinuxContainerResources>,
     ) -> Result<String, tonic::Status> {
-        let req = cri::CreateContainerRequest {
+        let req = Self::create_request(pod, name, attempt, cmd, resources);
+        self.call(|mut c| async move { c.create_container(req).await })
+            .map(|r| r.container_id)
+    }
+
+    /// The CreateContainerRequest the kubelet sends for `cmd` (busybox).
+    fn create_request(
+        pod: &Pod,
+        name: &str,
+        attempt: u32,
+        cmd: &[&str],
+        resources: Option<cri::LinuxContainerResources>,
+    ) -> cri::CreateContainerRequest {
+        cri::CreateContainerRequest {
             pod_sandbox_id: pod.id.clone(),
             config: Some(cri::ContainerConfig {
                 metadata: Some(cri::ContainerMetadata {
@@ -308,9 +338,7 @@ impl Cri {
                 ..Default::default()
             }),
             sandbox_config: Some(pod.config.clone()),
-        };
-        self.call(|mut c| async move { c.create_container(req).await })
-            .map(|r| r.container_id)
+        }
     }
 
     /// StartContainer `id` (CRI creates the task here, not in

@@ -138,6 +138,28 @@ pub struct ChildStdio {
 pub struct Gate {
     start: OwnedFd,
     status: OwnedFd,
+    names: Names,
+}
+
+/// What a failed step acted on, for its error: the program and the
+/// working directory, as the caller gave them.
+#[derive(Debug, Clone)]
+struct Names {
+    program: String,
+    cwd: String,
+}
+
+impl Names {
+    fn of(plan: &ChildPlan) -> Self {
+        let lossy = |c: Option<&CString>| {
+            c.map(|c| String::from_utf8_lossy(c.as_bytes()).into_owned())
+                .unwrap_or_default()
+        };
+        Names {
+            program: lossy(plan.argv.first()),
+            cwd: lossy(Some(&plan.cwd)),
+        }
+    }
 }
 
 const RECORD: usize = 64;
@@ -172,6 +194,7 @@ pub async fn spawn(
     } else {
         (None, None)
     };
+    let names = Names::of(&plan);
     let (pid, rx) = fork_child(&plan, &stdio, &status_w, start_r.as_ref())?;
     drop(status_w);
     drop(start_r);
@@ -182,14 +205,22 @@ pub async fn spawn(
         let (st, rec) = read_record(status).await?;
         status = st;
         match rec {
-            Some(b) if b.first() == Some(&b'R') => Ok((pid, rx, Some(Gate { start, status }))),
-            Some(b) => Err(decode_failure(&b)),
+            Some(b) if b.first() == Some(&b'R') => Ok((
+                pid,
+                rx,
+                Some(Gate {
+                    start,
+                    status,
+                    names,
+                }),
+            )),
+            Some(b) => Err(decode_failure(&b, &names)),
             None => Err(AgentError::Internal("the process died during setup".into())),
         }
     } else {
         match read_record(status).await?.1 {
             None => Ok((pid, rx, None)),
-            Some(b) => Err(decode_failure(&b)),
+            Some(b) => Err(decode_failure(&b, &names)),
         }
     }
 }
@@ -321,7 +352,7 @@ impl Gate {
         drop(self.start);
         match read_record(self.status).await?.1 {
             None => Ok(()),
-            Some(b) => Err(decode_failure(&b)),
+            Some(b) => Err(decode_failure(&b, &self.names)),
         }
     }
 }
@@ -346,7 +377,7 @@ async fn read_record(fd: OwnedFd) -> Result<(OwnedFd, Option<Vec<u8>>)> {
     .map_err(|e| AgentError::Internal(format!("status reader failed: {e}")))?
 }
 
-fn decode_failure(rec: &[u8]) -> AgentError {
+fn decode_failure(rec: &[u8], names: &Names) -> AgentError {
     let errno = rec
         .get(1..5)
         .and_then(|b| <[u8; 4]>::try_from(b).ok())
@@ -358,7 +389,17 @@ fn decode_failure(rec: &[u8]) -> AgentError {
         .unwrap_or(step_bytes.len());
     let step = String::from_utf8_lossy(step_bytes.get(..end).unwrap_or_default());
     let err = Errno::from_raw(errno);
-    let msg = format!("starting the process failed at {step}: {}", err.desc());
+    // The steps that act on a name the caller gave say which (as runc's
+    // `exec: "x": no such file or directory`).
+    let what = match step.as_ref() {
+        "exec" => format!(" {:?}", names.program),
+        "chdir to the working directory" => format!(" {:?}", names.cwd),
+        _ => String::new(),
+    };
+    let msg = format!(
+        "starting the process failed at {step}{what}: {}",
+        err.desc()
+    );
     match err {
         Errno::ENOENT => AgentError::NotFound(msg),
         Errno::EACCES | Errno::EPERM => AgentError::PermissionDenied(msg),

@@ -26,6 +26,10 @@ use super::{
 };
 use crate::sandbox::{AfterCheckpoint, ContainerConfig, ExecConfig, RootfsMount};
 use crate::spec;
+
+/// The exit status of a task whose init could not be started (the shell's
+/// "command not found", which the guest's child exits with too).
+const EXEC_FAILED: u32 = 127;
 use crate::stdio::{self, StdioPaths};
 
 /// The stdio paths a Create or Exec names, checked.
@@ -235,7 +239,13 @@ impl TaskService {
         };
         let pid = if req.exec_id.is_empty() {
             if !restored {
-                self.sandbox().start_container(&req.id).await?;
+                if let Err(e) = self.sandbox().start_container(&req.id).await {
+                    // Its init never ran (exec failed in the guest, say): a
+                    // task that has ended, as runc's does, so that a wait
+                    // returns and a delete (CRI's cleanup) goes through.
+                    self.process_exited(&req.id, "", EXEC_FAILED).await;
+                    return Err(e.into());
+                }
             }
             self.lock()
                 .containers

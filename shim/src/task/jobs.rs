@@ -133,7 +133,7 @@ impl TaskService {
         });
     }
 
-    async fn process_exited(&self, id: &str, exec_id: &str, exit_status: u32) {
+    pub(super) async fn process_exited(&self, id: &str, exec_id: &str, exit_status: u32) {
         // Let the output drain first, so that containerd has all of it when
         // it learns of the exit.
         let pumps = {

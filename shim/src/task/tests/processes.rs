@@ -65,6 +65,23 @@ async fn output_through_a_fifo() {
     assert_eq!(got, b"via fifo\n");
 }
 
+/// An init whose exec fails in the guest: Start says why, and the task has
+/// ended (as runc's does), so a wait returns, a kill finds nothing to kill
+/// and a delete (CRI's cleanup after a failed StartContainer) goes through.
+#[tokio::test]
+async fn an_init_that_cannot_start_has_ended() {
+    let h = H::new();
+    h.create_plain("m", &["missing"]).await;
+    let err = h.start("m", "").await.expect_err("exec of a missing program");
+    assert_eq!(code(&err), Code::NOT_FOUND, "{}", message(&err));
+    assert!(message(&err).contains("\"missing\""), "{}", message(&err));
+    assert_eq!(h.status("m", "").await, Status::STOPPED);
+    assert_eq!(h.wait("m", "").await, 127);
+    assert_eq!(refused(h.kill("m", "", 9).await), Code::NOT_FOUND);
+    h.delete("m", "").await.expect("delete after a failed start");
+    assert!(h.sb.containers().is_empty(), "{:?}", h.sb.containers());
+}
+
 #[tokio::test]
 async fn exit_codes_and_signals() {
     let h = H::new();

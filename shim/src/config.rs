@@ -12,6 +12,11 @@
 //! io_drain_secs = 5           # output drain after a process exits
 //! rootfs_slack_mib = 256      # free space in a built rootfs image
 //! snapshot_dir = "/var/lib/burrow/snapshots"  # hibernated VMs: <dir>/<ns>/<id>
+//! image_dir = "/var/lib/burrow/images"  # containers' rootfs images:
+//!                              # <dir>/<ns>/<sandbox id>/<container>.rootfs.img
+//! sandbox_disk_limit_mib = 65536  # a sandbox's images + hibernation snapshots
+//!                              # on disk; 0 = no limit (annotation
+//!                              # io.burrow.sandbox_disk_limit_mib only lowers it)
 //! checkpoint_key = "/etc/burrow/checkpoint.key"  # signs checkpoints (made 0600 on first use)
 //! hibernate_idle_secs = 0      # hibernate after this long idle; 0 = never
 //!                              # (annotation io.burrow.hibernate_idle_secs)
@@ -100,6 +105,13 @@ pub struct Config {
     pub io_drain_secs: u64,
     pub rootfs_slack_mib: u64,
     pub snapshot_dir: PathBuf,
+    /// Where containers' rootfs images are made (not `state_dir`: a tmpfs
+    /// would hold what guests write in host RAM); see
+    /// [`crate::vm::disk_budget`].
+    pub image_dir: PathBuf,
+    /// The most a sandbox may keep on the host's disk (images and
+    /// hibernation snapshots), MiB; 0 = no limit.
+    pub sandbox_disk_limit_mib: u64,
     /// The key that signs this host's checkpoints (see the shim's
     /// `vm::signing`); made on first use.
     pub checkpoint_key: PathBuf,
@@ -135,6 +147,8 @@ impl Default for Config {
             io_drain_secs: 5,
             rootfs_slack_mib: 256,
             snapshot_dir: PathBuf::from("/var/lib/burrow/snapshots"),
+            image_dir: PathBuf::from("/var/lib/burrow/images"),
+            sandbox_disk_limit_mib: 65536,
             checkpoint_key: PathBuf::from("/etc/burrow/checkpoint.key"),
             hibernate_idle_secs: 0,
             pod_disk_slots: 8,
@@ -268,6 +282,17 @@ mod tests {
             }
         );
         assert_eq!(c.memory_mib, MemoryBounds::default());
+        assert_eq!(c.image_dir, PathBuf::from("/var/lib/burrow/images"));
+        assert_eq!(c.sandbox_disk_limit_mib, 65536);
+        let c = Config::parse(
+            "image_dir = \"/srv/img\"\nsandbox_disk_limit_mib = 0\n",
+            "t",
+        )
+        .expect("parse");
+        assert_eq!(
+            (c.image_dir, c.sandbox_disk_limit_mib),
+            (PathBuf::from("/srv/img"), 0)
+        );
     }
 
     #[test]

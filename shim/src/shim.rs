@@ -5,7 +5,8 @@
 //!   that socket, write `address` into the bundle and print the address.
 //! - `delete` (cwd = bundle): containerd's cleanup after the serving shim
 //!   died: unmount the bundle's rootfs, kill the VM a crashed shim left and
-//!   remove its state; answer "killed" (137).
+//!   remove its state, rootfs images and hibernation snapshot; answer
+//!   "killed" (137).
 //! - serve: the task service over ttrpc until Shutdown.
 
 use std::path::Path;
@@ -86,12 +87,17 @@ impl Shim for BurrowShim {
         {
             let group = grouping(bundle, &self.id);
             let dir = vm::state_dir(&root, &self.namespace, &group);
+            let images = vm::disk_budget::sandbox_images(&cfg.image_dir, &self.namespace, &group);
             if group == self.id {
                 vm::cleanup_state(&dir);
-                // A hibernation snapshot the crashed shim left.
+                // The images and the hibernation snapshot the crashed shim left.
+                vm::disk_budget::remove_sandbox_images(&images);
                 let snap = vm::state_dir(&cfg.snapshot_dir, &self.namespace, &group);
                 let _ = std::fs::remove_dir_all(&snap);
             } else {
+                let _ = std::fs::remove_file(images.join(vm::disk_budget::image_name(&self.id)));
+                vm::disk_budget::remove_if_empty(&images);
+                // Where shims before `image_dir` made it.
                 let _ = std::fs::remove_file(dir.join(format!("{}.rootfs.img", self.id)));
             }
         }

@@ -26,6 +26,8 @@ pub struct Containerd {
     /// containerd's root (snapshots, content); on a filesystem overlayfs
     /// accepts as an upper dir.
     pub root: PathBuf,
+    /// burrow's `image_dir` (containers' rootfs images), off `/run`.
+    images: PathBuf,
     pub socket: PathBuf,
 }
 
@@ -139,6 +141,10 @@ impl Containerd {
         // overlayfs snapshots need a non-overlay upper.
         let dir = PathBuf::from("/run/burrow-test").join(&unique);
         let root = PathBuf::from("/var/lib/containerd").join(format!("burrow-test-{unique}"));
+        // burrow's default image_dir is under /var/lib/burrow (a tmpfs of
+        // its own in hack/testhost); one per test, as for everything else.
+        let images = PathBuf::from("/var/lib/burrow/test-images").join(&unique);
+        let _ = std::fs::remove_dir_all(&images);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("create the test's scratch dir");
         std::fs::create_dir_all(&root).expect("create containerd's root");
@@ -147,11 +153,12 @@ impl Containerd {
         std::fs::write(
             &burrow_config,
             format!(
-                "kernel = {:?}\ninitrd = {:?}\nstate_dir = {:?}\nsnapshot_dir = {:?}\n{}{extra_config}\n",
+                "kernel = {:?}\ninitrd = {:?}\nstate_dir = {:?}\nsnapshot_dir = {:?}\nimage_dir = {:?}\n{}{extra_config}\n",
                 kernel.display().to_string(),
                 initrd.display().to_string(),
                 dir.join("burrow").display().to_string(),
                 dir.join("snapshots").display().to_string(),
+                images.display().to_string(),
                 templates_config(extra_config),
             ),
         )
@@ -174,6 +181,7 @@ impl Containerd {
             _serial: serial,
             dir,
             root,
+            images,
             socket,
         };
         c.wait_ready();
@@ -374,8 +382,14 @@ impl Containerd {
         self.dir.join("burrow")
     }
 
+    /// burrow's `image_dir` for this containerd: a container's rootfs
+    /// image is `<it>/<namespace>/<sandbox id>/<container>.rootfs.img`.
+    pub fn image_dir(&self) -> &Path {
+        &self.images
+    }
+
     /// Every file, directory and socket burrow made for this containerd
-    /// (state and snapshots) is private: no group or other permission bits,
+    /// (state, snapshots and images) is private: no group or other permission bits,
     /// but for a sandbox's directory, which the jailed VMM's group may
     /// create files in (see [`crate::jailed::is_jail_state_dir`]).
     /// Fails if there is no VM console among them (nothing was checked).
@@ -383,7 +397,11 @@ impl Containerd {
         use std::os::unix::fs::PermissionsExt;
         let mut seen = Vec::new();
         let mut open = Vec::new();
-        for root in [self.burrow_state(), self.snapshot_dir()] {
+        for root in [
+            self.burrow_state(),
+            self.snapshot_dir(),
+            self.images.clone(),
+        ] {
             let mut stack = vec![root];
             while let Some(p) = stack.pop() {
                 let Ok(meta) = std::fs::symlink_metadata(&p) else {
@@ -509,7 +527,9 @@ impl Containerd {
     /// What is left of burrow after every task is deleted: burrow-vmm
     /// processes started for this containerd, files under its state dir and
     /// snapshot dir (but named checkpoints, `.checkpoints/`, which are kept
-    /// on purpose), mounts under its directories. Empty when clean.
+    /// on purpose), anything under its image dir (a sandbox's directory
+    /// goes with its last image), mounts under its directories. Empty when
+    /// clean.
     pub fn leftovers(&self) -> Vec<String> {
         let mut left = Vec::new();
         let state = self.burrow_state();
@@ -526,6 +546,13 @@ impl Containerd {
                     left.push(format!("file {}", f.display()));
                 }
             }
+        }
+        for e in std::fs::read_dir(&self.images)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            left.push(format!("image dir entry {}", e.path().display()));
         }
         for target in self.mounts() {
             if !target.ends_with("/snapshots") {
@@ -601,6 +628,7 @@ impl Drop for Containerd {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
         let _ = std::fs::remove_dir_all(&self.root);
+        let _ = std::fs::remove_dir_all(&self.images);
     }
 }
 

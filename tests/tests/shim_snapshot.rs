@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use burrow_tests::containerd::Containerd;
+use burrow_tests::containerd::{walk, Containerd};
 
 /// Nested guests are slow (QEMU TCG): allow minutes, assert no timings.
 const LONG: Duration = Duration::from_secs(900);
@@ -476,5 +476,109 @@ fn hibernate_stops_the_vmm_and_the_next_call_wakes_it_transparently() {
     assert!(vmm_processes(&c, "t-idle").is_empty());
     assert_eq!(c.task_status("t-idle").as_deref(), Some("RUNNING"));
     remove(&c, "t-idle");
+    c.assert_clean(CLEAN);
+}
+
+/// Issue 15: a container's rootfs image lives on disk under `image_dir`, not
+/// in the tmpfs state dir, and within the sandbox's disk limit
+/// (`sandbox_disk_limit_mib`, lowered here per container by the annotation
+/// `io.burrow.sandbox_disk_limit_mib`): a create whose image would go over
+/// is refused with nothing left behind, and a hibernation that would (the
+/// image's blocks plus up to the VM's memory) is refused with the VM left
+/// running.
+#[test]
+fn rootfs_images_live_under_image_dir_within_the_sandbox_disk_limit() {
+    use std::os::unix::fs::PermissionsExt;
+    // No slack: busybox fits in the smallest image, 64 MiB.
+    let c = Containerd::start(
+        "disk",
+        "agent_timeout_secs = 30\nboot_timeout_secs = 900\nrootfs_slack_mib = 0\n[memory_mib]\ndefault = 128\n",
+    );
+    let state_dir = c.burrow_state().display().to_string();
+    let images = c.image_dir().join("default");
+
+    // 32 MiB cannot hold a 64 MiB image: refused before it is made.
+    let r = c.ctr(&Containerd::run_args(
+        &["-d", "--annotation", "io.burrow.sandbox_disk_limit_mib=32"],
+        "t-big",
+        &["sleep", "100000"],
+    ));
+    assert_ne!(r.code, Some(0), "a create over the limit ran: {r:?}");
+    assert!(
+        r.stderr.contains("sandbox_disk_limit_mib")
+            && r.stderr
+                .contains("the rootfs image of container t-big may write 64.0 MiB")
+            && r.stderr.contains("over its limit of 32 MiB"),
+        "the refusal says why: {r:?}\n{}",
+        c.diagnostics()
+    );
+    let _ = c.ctr(&["task", "delete", "t-big"]);
+    let _ = c.ctr(&["containers", "rm", "t-big"]);
+    c.assert_clean(CLEAN);
+    assert!(!images.join("t-big").exists());
+
+    // 100 MiB: the image fits; it is under image_dir, private, and what the
+    // VM runs on; nothing of the sort is under /run.
+    run_detached(
+        &c,
+        &["-d", "--annotation", "io.burrow.sandbox_disk_limit_mib=100"],
+        "t-img",
+        &["sh", "-c", COUNTER],
+    );
+    let img = images.join("t-img").join("t-img.rootfs.img");
+    let md = std::fs::metadata(&img)
+        .unwrap_or_else(|e| panic!("{}: {e}\n{}", img.display(), c.diagnostics()));
+    assert_eq!(md.len(), 64 << 20, "{}", img.display());
+    assert_eq!(md.permissions().mode() & 0o777, 0o600);
+    let dir_mode = std::fs::metadata(images.join("t-img"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(dir_mode & 0o777, 0o700);
+    let in_run: Vec<_> = walk(&c.burrow_state())
+        .into_iter()
+        .filter(|f| f.to_string_lossy().ends_with(".rootfs.img"))
+        .collect();
+    assert!(in_run.is_empty(), "rootfs images under /run: {in_run:?}");
+    let vmm = c.vmm_pid("t-img");
+    let held = std::fs::read_dir(format!("/proc/{vmm}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .any(|p| p == img);
+    assert!(held, "burrow-vmm {vmm} does not hold {}", img.display());
+    c.assert_private();
+
+    // The image's blocks and up to 128 MiB of memory are over 100 MiB:
+    // hibernation is refused and the VM runs on, counting.
+    let before = counter(&c, "t-img", "d-c0");
+    let h = c.burrow(&["sandbox", "hibernate", "--state-dir", &state_dir, "t-img"]);
+    assert_ne!(h.code, Some(0), "hibernated over the limit: {h:?}");
+    let said = format!("{}{}", h.stdout, h.stderr);
+    assert!(
+        said.contains("sandbox_disk_limit_mib")
+            && said.contains("a hibernation may write 128.0 MiB"),
+        "{h:?}"
+    );
+    assert_eq!(sandbox_state(&c, "t-img"), "running");
+    assert_eq!(vmm_processes(&c, "t-img").len(), 1);
+    assert!(
+        walk(&c.snapshot_dir()).is_empty(),
+        "a refused hibernation wrote something"
+    );
+    let t = Instant::now();
+    while counter(&c, "t-img", &format!("d-c{}", t.elapsed().as_millis())) <= before {
+        assert!(
+            t.elapsed() < LONG,
+            "t-img stopped counting\n{}",
+            c.diagnostics()
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+
+    // Delete takes the image and its sandbox's directory.
+    remove(&c, "t-img");
+    assert!(!img.exists(), "{} outlived its container", img.display());
+    assert!(!images.join("t-img").exists());
     c.assert_clean(CLEAN);
 }

@@ -625,6 +625,7 @@ fn a_block_device_snapshot_is_the_containers_disk() {
     );
     let images: Vec<_> = walk(&c.burrow_state())
         .into_iter()
+        .chain(walk(c.image_dir()))
         .filter(|f| f.display().to_string().ends_with(".rootfs.img"))
         .collect();
     assert!(

@@ -4,7 +4,8 @@
 //! transparently on the next call that needs the guest. The state machine
 //! (phases, the incremental chain, waking) is the
 //! [`Lifecycle`](super::lifecycle::Lifecycle)'s; this file holds its two
-//! triggers and the manifest each link gets:
+//! triggers, the disk limit's check ([`super::disk_budget`]) and the
+//! manifest each link gets:
 //!
 //! - Hibernate on idle: `hibernate_idle_secs` (config) or the annotation
 //!   `io.burrow.hibernate_idle_secs`; a timer hibernates after that long
@@ -50,8 +51,13 @@ impl VmSandbox {
     }
 
     /// Snapshot the VM and stop burrow-vmm. A no-op when already asleep.
+    /// Refused, with the VM left running, when a link of the VM's memory
+    /// size would take the sandbox over its disk limit.
     pub async fn hibernate(&self) -> Result<()> {
         let c = self.the_container()?;
+        if let Phase::Running(h) = self.vm.phase() {
+            self.check_disk("a hibernation", h.memory_mib << 20)?;
+        }
         let dir = self.vm.hibernate_dir().to_path_buf();
         self.vm
             .hibernate(|info, link| {

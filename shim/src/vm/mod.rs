@@ -3,10 +3,12 @@
 //!
 //! State lives in `<state_dir>/<namespace>/<sandbox id>/`:
 //! `vmm.pid`, `api.sock` (VMM control), `vsock.sock` (hybrid vsock),
-//! `console.log` (guest serial), `vmm.log` (VMM stderr) and one
-//! `<container>.rootfs.img` per container whose rootfs had to be copied.
-//! All of it goes when the sandbox shuts down; `containerd-shim-burrow-v2
-//! delete` removes what a crashed shim left behind ([`cleanup_state`]).
+//! `console.log` (guest serial), `vmm.log` (VMM stderr). The
+//! `<container>.rootfs.img` of each container whose rootfs had to be copied
+//! lives on disk in `<image_dir>/<namespace>/<sandbox id>/`, within the
+//! sandbox's disk limit ([`disk_budget`]). All of it goes when the sandbox
+//! shuts down; `containerd-shim-burrow-v2 delete` removes what a crashed
+//! shim left behind ([`cleanup_state`], [`disk_budget::remove_sandbox_images`]).
 //!
 //! The VM itself belongs to its [`lifecycle::Lifecycle`]; this file is the
 //! container registry and the [`Sandbox`] calls, which reach the guest
@@ -19,6 +21,7 @@
 pub mod agent;
 mod browse;
 pub mod checkpoint;
+pub mod disk_budget;
 pub mod egress;
 pub mod egress_dns;
 pub mod hibernate;
@@ -70,6 +73,11 @@ const BROWSER_CMDLINE: &str = " burrow.browser=/dev/vdb";
 pub struct VmSandbox {
     cfg: Result<Config>,
     dir: PathBuf,
+    /// Where its containers' rootfs images go ([`disk_budget`]).
+    images: PathBuf,
+    /// Its disk limit in MiB (0: none): the config's, lowered by the
+    /// annotation of the container that made the VM.
+    disk_limit_mib: std::sync::atomic::AtomicU64,
     /// The VM: the only owner of its phase.
     vm: Lifecycle,
     /// The VM's NIC when the spec names a network namespace.
@@ -161,6 +169,10 @@ impl VmSandbox {
             (c.boot_timeout_secs.max(1), c.agent_timeout_secs.max(1))
         });
         let dir = state_dir(&root, namespace, sandbox_id);
+        let (image_dir, disk_limit) = cfg.as_ref().map_or_else(
+            |_| (PathBuf::from("/var/lib/burrow/images"), 0),
+            |c| (c.image_dir.clone(), c.sandbox_disk_limit_mib),
+        );
         let launcher = VmmLauncher {
             dir: dir.clone(),
             boot_timeout: Duration::from_secs(boot),
@@ -170,6 +182,8 @@ impl VmSandbox {
         Arc::new_cyclic(|me| Self {
             cfg,
             dir,
+            images: disk_budget::sandbox_images(&image_dir, namespace, sandbox_id),
+            disk_limit_mib: disk_limit.into(),
             vm: Lifecycle::new(
                 Box::new(launcher),
                 state_dir(&snapshots, namespace, sandbox_id),
@@ -190,6 +204,33 @@ impl VmSandbox {
 
     fn path(&self, name: &str) -> PathBuf {
         self.dir.join(name)
+    }
+
+    /// Where container `id`'s rootfs image goes.
+    fn image_path(&self, id: &str) -> PathBuf {
+        self.images.join(disk_budget::image_name(id))
+    }
+
+    /// Take the disk limit from the spec of the container that makes the
+    /// sandbox's VM (a pod's members share their sandbox's).
+    fn set_disk_limit(&self, cfg: &Config, spec: &serde_json::Value) -> Result<()> {
+        let mib = disk_budget::limit_mib(cfg.sandbox_disk_limit_mib, spec)?;
+        self.disk_limit_mib
+            .store(mib, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Refuse `what` when the `adding` bytes it may write would take the
+    /// sandbox over its disk limit ([`disk_budget`]).
+    fn check_disk(&self, what: &str, adding: u64) -> Result<()> {
+        let limit = self
+            .disk_limit_mib
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if limit == 0 {
+            return Ok(());
+        }
+        let used = disk_budget::Usage::of(&self.images, self.vm.hibernate_dir());
+        disk_budget::check(limit, used, adding, what)
     }
 
     /// The registry, locked.
@@ -302,6 +343,7 @@ impl VmSandbox {
             if matches!(self.vm.phase(), Phase::Empty | Phase::Gone(_)) {
                 self.drop_network().await;
                 cleanup_state(&self.dir);
+                disk_budget::remove_sandbox_images(&self.images);
             }
         }
         r
@@ -339,8 +381,13 @@ impl VmSandbox {
         c: &ContainerConfig,
         guest_spec: serde_json::Value,
     ) -> Result<GuestRootfs> {
-        let image = self.path(&format!("{}.rootfs.img", c.id));
-        let rootfs = rootfs::prepare(c, &image, cfg.rootfs_slack_mib).await?;
+        let image = self.image_path(&c.id);
+        let what = format!("the rootfs image of container {}", c.id);
+        let budget = |size| {
+            self.check_disk(&what, size)?;
+            disk_budget::make_private_dir(&self.images)
+        };
+        let rootfs = rootfs::prepare(c, &image, cfg.rootfs_slack_mib, budget).await?;
         self.registry().insert(
             c.id.clone(),
             Contents {
@@ -441,7 +488,24 @@ impl VmSandbox {
         std::fs::create_dir_all(&self.dir)
             .map_err(|e| SandboxError::Internal(format!("creating {}: {e}", self.dir.display())))?;
         jail::share_state_dir(cfg, &self.dir)?;
-        let img = self.path(&format!("{}.rootfs.img", c.id));
+        // The checkpoint's disk becomes the container's own image.
+        let disk_size = if manifest.packed {
+            sparse::packed_size(&files.disk.path()).map_err(|e| {
+                SandboxError::InvalidArgument(format!(
+                    "{} is not a usable burrow checkpoint: {e}",
+                    dir.display()
+                ))
+            })?
+        } else {
+            files.disk.size()
+        };
+        self.check_disk(
+            &format!("the rootfs image of container {} (restored)", c.id),
+            disk_size,
+        )?;
+        disk_budget::make_private_dir(&self.images)?;
+        let img = self.image_path(&c.id);
+        drop(disk_budget::create_image(&img)?);
         self.registry().insert(
             c.id.clone(),
             Contents {
@@ -527,6 +591,15 @@ impl VmSandbox {
         let r = async {
             let c = self.the_container()?;
             let key = signing::host_key(&self.cfg()?.checkpoint_key)?;
+            // What it writes at most: the memory (and its pack), the disk.
+            let memory = self.vm.awake().await?.memory_mib << 20;
+            let memory = if packed {
+                memory.saturating_mul(2)
+            } else {
+                memory
+            };
+            let disk = disk_budget::allocated(&c.rootfs.disk);
+            self.check_disk("a checkpoint", memory.saturating_add(disk))?;
             self.vm
                 .checkpoint(&snapshot::vm_dir(dir), after, |info| {
                     checkpoint::complete(dir, &c, info, packed, &key)
@@ -544,6 +617,7 @@ impl VmSandbox {
         let res = self.registry().remove(id);
         if let Some(img) = res.and_then(|r| r.rootfs.image) {
             let _ = std::fs::remove_file(img);
+            disk_budget::remove_if_empty(&self.images);
         }
     }
 }
@@ -558,6 +632,7 @@ impl Sandbox for VmSandbox {
             pod::Role::Alone => 0,
         };
         self.require_no_container("a container outside a CRI pod has its VM to itself")?;
+        self.set_disk_limit(&cfg, &c.spec)?;
         if template::wanted(&cfg, c) {
             return self
                 .creating(c, self.create_from_template(&cfg, c, slots))
@@ -569,6 +644,7 @@ impl Sandbox for VmSandbox {
     async fn restore_container(&self, c: &ContainerConfig, dir: &Path) -> Result<u32> {
         let cfg = self.cfg()?.clone();
         self.require_no_container("cannot restore into a sandbox that has one")?;
+        self.set_disk_limit(&cfg, &c.spec)?;
         self.creating(c, self.restore_inner(&cfg, c, dir)).await
     }
 
@@ -772,6 +848,7 @@ impl Sandbox for VmSandbox {
         self.vm.stop(Gone::Stopped).await;
         self.drop_network().await;
         cleanup_state(&self.dir);
+        disk_budget::remove_sandbox_images(&self.images);
         Ok(())
     }
 }

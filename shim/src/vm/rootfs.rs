@@ -7,8 +7,9 @@
 //! - Anything else (overlayfs snapshots, a pre-populated `bundle/rootfs`) is
 //!   mounted on `bundle/rootfs`, copied into a fresh sparse ext4 image with
 //!   `mkfs.ext4 -d`, and unmounted again. The image is writable and lives in
-//!   the sandbox's state directory, so the container keeps its writes for
-//!   as long as the task exists (and in VM snapshots); they are not copied
+//!   the sandbox's image directory ([`super::disk_budget`]: on disk, not
+//!   the tmpfs state directory), so the container keeps its writes for as
+//!   long as the task exists (and in VM snapshots); they are not copied
 //!   back into the snapshotter's upper directory.
 
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
@@ -108,18 +109,38 @@ fn mkfs_binary() -> PathBuf {
     PathBuf::from("mkfs.ext4")
 }
 
-/// Build an ext4 image at `image` with the contents of `dir`.
-pub async fn build_image(dir: &Path, image: &Path, slack_mib: u64) -> Result<()> {
+/// Build an ext4 image at `image` (a new file, see
+/// [`super::disk_budget::create_image`]) with the contents of `dir`, once
+/// `budget` allowed its size in bytes (the image's apparent size).
+pub async fn build_image(
+    dir: &Path,
+    image: &Path,
+    slack_mib: u64,
+    budget: impl FnOnce(u64) -> Result<()>,
+) -> Result<()> {
     let d = dir.to_path_buf();
     let (bytes, files) = tokio::task::spawn_blocking(move || usage(&d))
         .await
         .map_err(|e| SandboxError::Internal(format!("rootfs walk failed: {e}")))??;
     let (size, inodes) = image_geometry(bytes, files, slack_mib);
-    let f = std::fs::File::create(image)
-        .map_err(|e| SandboxError::Internal(format!("creating {}: {e}", image.display())))?;
-    f.set_len(size)
-        .map_err(|e| SandboxError::Internal(format!("sizing {}: {e}", image.display())))?;
+    budget(size)?;
+    let f = super::disk_budget::create_image(image)?;
+    let made = f
+        .set_len(size)
+        .map_err(|e| SandboxError::io(format_args!("sizing {}", image.display()), &e));
     drop(f);
+    let made = match made {
+        Ok(()) => mkfs(dir, image, inodes).await,
+        Err(e) => Err(e),
+    };
+    if made.is_err() {
+        let _ = std::fs::remove_file(image);
+    }
+    made
+}
+
+/// Run `mkfs.ext4 -d dir` on the sized file `image`.
+async fn mkfs(dir: &Path, image: &Path, inodes: u64) -> Result<()> {
     let out = tokio::process::Command::new(mkfs_binary())
         .args(["-q", "-F", "-m", "0", "-L", "burrow-rootfs", "-N"])
         .arg(inodes.to_string())
@@ -132,7 +153,6 @@ pub async fn build_image(dir: &Path, image: &Path, slack_mib: u64) -> Result<()>
             SandboxError::FailedPrecondition(format!("running mkfs.ext4 (package e2fsprogs): {e}"))
         })?;
     if !out.status.success() {
-        let _ = std::fs::remove_file(image);
         let err = String::from_utf8_lossy(
             out.stderr
                 .get(..out.stderr.len().min(2048))
@@ -184,8 +204,14 @@ fn mount_all(mounts: &[RootfsMount], target: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Prepare the rootfs of `cfg` for the guest; an image goes to `image`.
-pub async fn prepare(cfg: &ContainerConfig, image: &Path, slack_mib: u64) -> Result<GuestRootfs> {
+/// Prepare the rootfs of `cfg` for the guest; an image goes to `image`
+/// once `budget` allowed its size (see [`build_image`]).
+pub async fn prepare(
+    cfg: &ContainerConfig,
+    image: &Path,
+    slack_mib: u64,
+    budget: impl FnOnce(u64) -> Result<()>,
+) -> Result<GuestRootfs> {
     if let Some(p) = passthrough(&cfg.rootfs) {
         return Ok(p);
     }
@@ -203,7 +229,7 @@ pub async fn prepare(cfg: &ContainerConfig, image: &Path, slack_mib: u64) -> Res
             return Err(e);
         }
     }
-    let built = build_image(&target, image, slack_mib).await;
+    let built = build_image(&target, image, slack_mib, budget).await;
     if mounted {
         unmount(&target);
     }
@@ -266,9 +292,26 @@ mod tests {
         std::fs::create_dir_all(root.join("bin")).expect("mkdir");
         std::fs::write(root.join("bin/hello"), b"hi").expect("write");
         let img = d.path().join("rootfs.img");
-        build_image(&root, &img, 0).await.expect("mkfs");
+        // Refused by its budget: nothing is made.
+        let e = build_image(&root, &img, 0, |size| {
+            assert_eq!(size, MIN_IMAGE_MIB << 20, "the full apparent size");
+            Err(SandboxError::ResourceExhausted("over".into()))
+        })
+        .await
+        .expect_err("refused");
+        assert!(matches!(e, SandboxError::ResourceExhausted(_)), "{e:?}");
+        assert!(!img.exists());
+        build_image(&root, &img, 0, |_| Ok(())).await.expect("mkfs");
         let md = std::fs::metadata(&img).expect("image");
         assert_eq!(md.len(), MIN_IMAGE_MIB << 20);
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(md.permissions().mode() & 0o777, 0o600);
+        // Never over an existing file.
+        let e = build_image(&root, &img, 0, |_| Ok(()))
+            .await
+            .expect_err("exists");
+        assert!(e.to_string().contains("exists"), "{e}");
+        assert!(img.exists(), "the first image stays");
         // ext4 superblock magic 0xEF53 at byte 1024 + 56.
         let data = std::fs::read(&img).expect("read");
         assert_eq!(data.get(1080..1082), Some(&[0x53, 0xEF][..]));

@@ -16,7 +16,7 @@
 //!
 //! A hibernation snapshot (`<snapshot_dir>/<namespace>/<sandbox id>/`) has
 //! the same layout without `rootfs.img` (the sandbox's disk stays in its
-//! state directory, untouched while the VM is stopped), and its VM snapshots
+//! image directory, untouched while the VM is stopped), and its VM snapshots
 //! are a chain: `vm-<n>/`, a full one and then incremental ones on top of
 //! it, the newest named by the manifest's `vm` field.
 //!

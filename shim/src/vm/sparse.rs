@@ -104,6 +104,19 @@ fn u64_at(r: &mut impl Read) -> std::io::Result<u64> {
     Ok(u64::from_le_bytes(b))
 }
 
+/// The apparent size of the file packed in `src` (its header's; checked
+/// again, with everything else, by the unpack).
+pub fn packed_size(src: &Path) -> std::io::Result<u64> {
+    let mut r = File::open(src)?;
+    let mut magic = [0u8; 8];
+    r.read_exact(&mut magic)
+        .map_err(|_| bad(src, "truncated header"))?;
+    if &magic != MAGIC {
+        return Err(bad(src, "wrong magic"));
+    }
+    u64_at(&mut r).map_err(|_| bad(src, "truncated header"))
+}
+
 /// Unpack `src` (written by [`pack`]) into a new sparse file `dst`.
 pub fn unpack(src: &Path, dst: &Path) -> std::io::Result<()> {
     unpack_within(src, dst, MAX_SIZE)
@@ -196,6 +209,8 @@ mod tests {
             "packed {n} bytes for a 64 MiB file with 3 small extents"
         );
         assert_eq!(n, std::fs::metadata(&packed).unwrap().len());
+        assert_eq!(packed_size(&packed).unwrap(), 64 << 20);
+        assert!(packed_size(&src).is_err(), "not a pack");
         unpack(&packed, &back).unwrap();
         assert_eq!(std::fs::read(&back).unwrap(), want);
         use std::os::unix::fs::MetadataExt;

@@ -21,6 +21,7 @@ use super::agent::Agent;
 use super::VmSandbox;
 use crate::sandbox::{Result, SandboxError};
 use crate::tools::text::{replace_unique, LinePager};
+use crate::tools::Sink;
 
 /// Longest name or link target `ls` passes on.
 const MAX_NAME: usize = 4096;
@@ -64,6 +65,13 @@ impl VmSandbox {
     }
 
     async fn tool_exec(&self, r: ExecRequest) -> Result<ExecOutput> {
+        let cap = r.output_cap();
+        self.tool_exec_to(r, Sink::Keep(cap)).await
+    }
+
+    /// Run `r` in the container, its output going to `sink` (streamed to
+    /// the control socket's caller, or kept for the reply).
+    pub(super) async fn tool_exec_to(&self, r: ExecRequest, sink: Sink) -> Result<ExecOutput> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let (id, c) = self.tool_container()?;
         let process = crate::tools::exec_process(c.spec.get("process"), &r)?;
@@ -73,7 +81,7 @@ impl VmSandbox {
             .upgrade()
             .ok_or_else(|| SandboxError::Unavailable("the sandbox is shutting down".into()))?;
         let exec_id = format!("burrow-tool-{}", NEXT.fetch_add(1, Ordering::Relaxed));
-        crate::tools::run_exec(me, &id, &exec_id, process, timeout, r.output_cap()).await
+        crate::tools::run_exec_to(me, &id, &exec_id, process, timeout, sink).await
     }
 
     /// Start `r` as a detached session: the agent keeps its output (the

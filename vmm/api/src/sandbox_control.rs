@@ -205,6 +205,7 @@ mod tests {
             env: vec!["A=1".into()],
             timeout_secs: 5,
             max_output: None,
+            ..Default::default()
         });
         let line = crate::to_line(&exec);
         assert_eq!(

@@ -12,9 +12,9 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use burrow_vmm_api::sandbox_control::SandboxRequest;
 use burrow_vmm_api::sandbox_tools::{
-    EditRequest, ExecOutput, ExecRequest, LineRange, LsOutput, LsRequest, ReadOutput, ReadRequest,
-    ToolReply, WriteRequest, DEFAULT_EXEC_TIMEOUT_SECS, MAX_EXEC_OUTPUT, MAX_EXEC_TIMEOUT_SECS,
-    MAX_READ_LINES, MAX_READ_SCAN, MAX_WRITE,
+    EditRequest, ExecOutput, ExecRequest, LineRange, LsOutput, LsRequest, OutputChunk, ReadOutput,
+    ReadRequest, ToolReply, WriteRequest, DEFAULT_EXEC_TIMEOUT_SECS, MAX_EXEC_OUTPUT,
+    MAX_EXEC_TIMEOUT_SECS, MAX_READ_LINES, MAX_READ_SCAN, MAX_WRITE,
 };
 
 use crate::{audit, sandbox};
@@ -74,6 +74,41 @@ pub fn ask(
     result
 }
 
+/// [`ask`] for a streamed `exec` ([`ExecRequest::stream`]): `on_chunk` gets
+/// the output as it comes; the result is the final reply (its output
+/// empty, unless the shim predates streaming). The audit log counts the
+/// streamed bytes in the result's size.
+pub fn ask_stream(
+    root: &std::path::Path,
+    namespace: &str,
+    id: &str,
+    req: &SandboxRequest,
+    timeout: Duration,
+    mut on_chunk: impl FnMut(&OutputChunk) -> Result<()>,
+) -> Result<ToolReply> {
+    let dir = sandbox::sandbox_dir(root, namespace, id)?;
+    if !dir.exists() {
+        bail!("there is no sandbox {id:?} in namespace {namespace:?}");
+    }
+    let start = std::time::Instant::now();
+    let mut streamed = 0u64;
+    let result = sandbox::request_stream(&dir, req, timeout, |c| {
+        streamed += c.data.len() as u64;
+        on_chunk(c)
+    })
+    .and_then(|reply| {
+        reply
+            .tool
+            .context("the shim answered without a result (is it older than this CLI?)")
+    });
+    let mut entry = audit::entry(req, &result, start.elapsed(), std::time::SystemTime::now());
+    entry.result_bytes += streamed;
+    if let Err(e) = audit::append(&dir, &entry) {
+        eprintln!("burrow: the audit log: {e:#}");
+    }
+    result
+}
+
 #[derive(clap::Args, Debug)]
 pub struct ExecArgs {
     #[command(flatten)]
@@ -106,6 +141,12 @@ pub struct ExecArgs {
     /// (exit 0); 0 prints what there is now.
     #[arg(long, requires = "attach")]
     pub wait: Option<u64>,
+    /// Run the command on a terminal in the guest (a PTY: `tty` names it;
+    /// stdout carries both streams; sized as this terminal if stdout is
+    /// one). It has no stdin: a command that reads its terminal waits
+    /// until --timeout.
+    #[arg(short = 't', long = "tty", conflicts_with_all = ["attach", "detach"])]
+    pub tty: bool,
     /// The command and its arguments (after `--`).
     #[arg(
         required_unless_present = "attach",
@@ -180,15 +221,37 @@ pub fn exec(a: ExecArgs) -> Result<i32> {
         env: a.env,
         timeout_secs: timeout,
         max_output: None,
+        stream: !a.detach,
+        tty: a.tty,
+        tty_size: if a.tty { terminal_size() } else { None },
     };
     if a.detach {
         return crate::session::detach(&a.target, req);
     }
     let req = SandboxRequest::Exec(req);
     let limit = Duration::from_secs(timeout) + WAKE_ALLOWANCE;
-    let ToolReply::Exec(out) = a.target.ask(&req, limit)? else {
+    let root = a
+        .target
+        .state_dir
+        .clone()
+        .unwrap_or_else(sandbox::state_dir_from_config);
+    // The output as it comes: each piece written and flushed at once.
+    let reply = ask_stream(&root, &a.target.namespace, &a.target.id, &req, limit, |c| {
+        if c.stream == "stderr" {
+            let mut err = std::io::stderr().lock();
+            err.write_all(c.data.as_bytes())?;
+            err.flush()?;
+        } else {
+            let mut out = std::io::stdout().lock();
+            out.write_all(c.data.as_bytes())?;
+            out.flush()?;
+        }
+        Ok(())
+    })?;
+    let ToolReply::Exec(out) = reply else {
         bail!("the shim answered exec with another tool's result");
     };
+    // Empty from a shim that streamed; all of it from an older one.
     std::io::stdout().write_all(out.stdout.as_bytes())?;
     std::io::stdout().flush()?;
     let mut err = std::io::stderr();
@@ -197,6 +260,16 @@ pub fn exec(a: ExecArgs) -> Result<i32> {
         writeln!(err, "burrow: {note}")?;
     }
     Ok(out.status())
+}
+
+/// This terminal's size (rows, columns), if stdout is one.
+fn terminal_size() -> Option<(u16, u16)> {
+    // SAFETY: TIOCGWINSZ writes one winsize into `ws`, which lives across
+    // the call; a non-terminal fails with ENOTTY and leaves it alone.
+    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+    // SAFETY: see above.
+    let rc = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut ws) };
+    (rc == 0 && ws.ws_row > 0 && ws.ws_col > 0).then_some((ws.ws_row, ws.ws_col))
 }
 
 /// What `exec` says about its output and status besides the output (each

@@ -251,7 +251,8 @@ impl Burrow {
         })
     }
 
-    /// List the sandboxes this server can reach and their state (running, asleep).
+    /// List the sandboxes this server can reach and their state (running, asleep); a
+    /// Kubernetes pod's containers are listed under it, each a sandbox id for the tools.
     #[tool(annotations(read_only_hint = true, open_world_hint = false))]
     async fn sandboxes_list(&self, _: Parameters<NoArgs>) -> Result<CallToolResult, ErrorData> {
         let (root, ns) = (self.root.clone(), self.namespace.clone());
@@ -259,9 +260,18 @@ impl Burrow {
             let mut text = String::new();
             for (n, id, dir) in sandbox::list(&root) {
                 if n == ns {
-                    let state = sandbox::status(&dir, Duration::from_secs(5))
-                        .unwrap_or_else(|e| format!("unreachable ({e:#})"));
-                    text.push_str(&format!("{id}\t{state}\n"));
+                    let status =
+                        sandbox::request(&dir, &SandboxRequest::Status, Duration::from_secs(5));
+                    match status {
+                        Ok(s) => {
+                            text.push_str(&format!("{id}\t{}\n", s.state));
+                            // A CRI pod: its containers, each addressed by its id.
+                            for c in s.containers.iter().filter(|c| **c != id) {
+                                text.push_str(&format!("{c}\t(container of pod {id})\n"));
+                            }
+                        }
+                        Err(e) => text.push_str(&format!("{id}\tunreachable ({e:#})\n")),
+                    }
                 }
             }
             if text.is_empty() {

@@ -140,18 +140,36 @@ async fn handle_control(sb: &VmSandbox, s: UnixStream) -> std::io::Result<()> {
         ),
         Err(e) => SandboxReply::new(sb.vm.phase().name(), Err(format!("bad request: {e}"))),
         Ok(req) => {
+            let status = req == SandboxRequest::Status;
             let result = match req {
                 SandboxRequest::Hibernate => sb.hibernate().await.map(|()| None),
                 SandboxRequest::Wake => sb.wake().await.map(|()| None),
                 SandboxRequest::Status => Ok(None),
                 SandboxRequest::Checkpoint { name } => sb.checkpoint_named(&name).await.map(Some),
                 SandboxRequest::Exec(r) if r.stream => return stream_exec(sb, r, w).await,
+                SandboxRequest::In { container, request } => {
+                    let run = async {
+                        match *request {
+                            SandboxRequest::Exec(r) if r.stream => stream_exec(sb, r, w).await,
+                            tool => {
+                                let r = sb.tool(tool).await.map_err(|e| e.to_string());
+                                reply(w, SandboxReply::tool(sb.vm.phase().name(), r)).await
+                            }
+                        }
+                    };
+                    return super::tools::TOOL_TARGET.scope(container, run).await;
+                }
                 tool => {
                     let r = sb.tool(tool).await.map_err(|e| e.to_string());
                     return reply(w, SandboxReply::tool(sb.vm.phase().name(), r)).await;
                 }
             };
-            SandboxReply::new(sb.vm.phase().name(), result.map_err(|e| e.to_string()))
+            let mut answer =
+                SandboxReply::new(sb.vm.phase().name(), result.map_err(|e| e.to_string()));
+            if status {
+                answer.containers = sb.tool_containers();
+            }
+            answer
         }
     };
     reply(w, answer).await
@@ -240,7 +258,10 @@ impl Pieces {
             stream: name.into(),
             data: String::from_utf8_lossy(&send).into_owned(),
         });
-        Some(burrow_vmm_api::to_line(&SandboxReply::tool(state, Ok(chunk))))
+        Some(burrow_vmm_api::to_line(&SandboxReply::tool(
+            state,
+            Ok(chunk),
+        )))
     }
 }
 
@@ -283,16 +304,22 @@ mod tests {
         // The other stream is its own; the split character waits.
         let line = p.line("running", Stream::Stderr, b"e", false).unwrap();
         assert_eq!(chunk(&line).data, "e");
-        assert!(p.line("running", Stream::Stdout, &euro[1..2], false).is_none());
+        assert!(p
+            .line("running", Stream::Stdout, &euro[1..2], false)
+            .is_none());
         let line = p
             .line("running", Stream::Stdout, &euro[2..], false)
             .unwrap();
         assert_eq!(chunk(&line).data, "€");
         // Invalid bytes mid-stream pass as U+FFFD; at the end, a cut
         // character too.
-        let line = p.line("running", Stream::Stdout, &[0xff, b'x'], false).unwrap();
+        let line = p
+            .line("running", Stream::Stdout, &[0xff, b'x'], false)
+            .unwrap();
         assert_eq!(chunk(&line).data, "\u{fffd}x");
-        assert!(p.line("running", Stream::Stdout, &euro[..1], false).is_none());
+        assert!(p
+            .line("running", Stream::Stdout, &euro[..1], false)
+            .is_none());
         let line = p.line("running", Stream::Stdout, &[], true).unwrap();
         assert_eq!(chunk(&line).data, "\u{fffd}");
         assert!(p.line("running", Stream::Stderr, &[], true).is_none());

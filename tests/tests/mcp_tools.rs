@@ -601,15 +601,22 @@ fn mcp_browser_tools_on_a_sandbox_that_asked_for_a_browser() {
         assert_eq!((info.info().width, info.info().height), (640, 480));
 
         // A page that never loads (a listener in the guest that accepts and
-        // never answers): a clear error within its timeout, and the sandbox
-        // and its browser keep working.
+        // never answers; its stdin held open so that it never closes the
+        // connection either): a clear error within its timeout, and the
+        // sandbox and its browser keep working. The container shares the
+        // guest's network namespace with the browser.
         let out = ok(
             &client,
             "exec",
-            json!({"sandbox": BROWSER_ID, "command": "nc -l -p 8000 >/dev/null", "detach": true}),
+            json!({"sandbox": BROWSER_ID, "command": "sleep 100000 | nc -l -p 8000 >/dev/null", "detach": true}),
         )
         .await;
         assert!(out.starts_with("started session "), "{out}");
+        // Listening (0.0.0.0:8000, state 0A) before the browser tries it.
+        let wait = "i=0; until grep -q ':1F40 00000000:0000 0A' /proc/net/tcp; do \
+            i=$((i+1)); [ $i -gt 300 ] && exit 1; sleep 0.2; done";
+        let out = ok(&client, "exec", json!({"sandbox": BROWSER_ID, "command": wait})).await;
+        assert!(out.starts_with("exit status: 0"), "no listener on 8000: {out}");
         let start = std::time::Instant::now();
         let (e, err) = call(
             &client,

@@ -612,8 +612,9 @@ fn mcp_browser_tools_on_a_sandbox_that_asked_for_a_browser() {
         )
         .await;
         assert!(out.starts_with("started session "), "{out}");
-        // Listening (0.0.0.0:8000, state 0A) before the browser tries it.
-        let wait = "i=0; until grep -q ':1F40 00000000:0000 0A' /proc/net/tcp; do \
+        // Listening on port 8000 (state 0A; busybox nc listens on [::], which
+        // takes 127.0.0.1 too) before the browser tries it.
+        let wait = "i=0; until grep -q ':1F40 0*:0000 0A' /proc/net/tcp /proc/net/tcp6; do \
             i=$((i+1)); [ $i -gt 300 ] && exit 1; sleep 0.2; done";
         let out = ok(&client, "exec", json!({"sandbox": BROWSER_ID, "command": wait})).await;
         assert!(out.starts_with("exit status: 0"), "no listener on 8000: {out}");

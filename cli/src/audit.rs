@@ -200,6 +200,7 @@ mod tests {
             env: vec!["GITHUB_TOKEN=ghp_0123456789abcdefghijklmnopqrstuvwxyzAB".into()],
             timeout_secs: 5,
             max_output: None,
+            ..Default::default()
         });
         let out = Ok(ToolReply::Exec(ExecOutput {
             stdout: "hi\n".into(),

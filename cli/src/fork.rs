@@ -55,6 +55,51 @@ fn image_and_runtime(info: &str) -> Result<(String, String)> {
     Ok((image.to_string(), runtime.to_string()))
 }
 
+/// containerd's socket: `address`, else $CONTAINERD_ADDRESS, else
+/// containerd's default.
+pub fn containerd_address(address: Option<String>) -> String {
+    address
+        .or_else(|| std::env::var("CONTAINERD_ADDRESS").ok())
+        .unwrap_or_else(|| "/run/containerd/containerd.sock".into())
+}
+
+/// `ctr run -d` of container `new_id` restored from named checkpoint
+/// `name` (its shim restores the whole VM from it instead of starting the
+/// image's process; the image only satisfies ctr).
+fn run_restored(
+    address: &str,
+    namespace: &str,
+    (image, runtime): (&str, &str),
+    name: &str,
+    new_id: &str,
+) -> Result<()> {
+    let annotation = format!("{RESTORE_ANNOTATION}={name}");
+    let args = [
+        "run",
+        "-d",
+        "--runtime",
+        runtime,
+        "--annotation",
+        &annotation,
+        image,
+        new_id,
+    ];
+    ctr(address, namespace, &args).map(|_| ())
+}
+
+/// Start a new sandbox `new_id` from named checkpoint `name` (written by
+/// `burrow sandbox checkpoint` or MCP `checkpoint`), as a containerd
+/// container with the image and runtime of sandbox `like` (normally the
+/// one the checkpoint was taken of, which is left as it is). The
+/// checkpoint stays, for further restores.
+pub fn restore(address: &str, namespace: &str, like: &str, name: &str, new_id: &str) -> Result<()> {
+    let info = ctr(address, namespace, &["containers", "info", like])
+        .with_context(|| format!("the image and runtime of {like:?}"))?;
+    let (image, runtime) = image_and_runtime(&info)?;
+    run_restored(address, namespace, (&image, &runtime), name, new_id)
+        .with_context(|| format!("restoring checkpoint {name} into a new sandbox {new_id}"))
+}
+
 /// The copies' ids: `<id>-fork-<k>`.
 pub fn copy_ids(id: &str, n: u32) -> Vec<String> {
     (1..=n).map(|k| format!("{id}-fork-{k}")).collect()
@@ -78,22 +123,11 @@ pub fn fork(dir: &Path, address: &str, namespace: &str, id: &str, n: u32) -> Res
         &SandboxRequest::Checkpoint { name: name.clone() },
         Duration::from_secs(600),
     )?;
-    let annotation = format!("{RESTORE_ANNOTATION}={name}");
     let mut made = Vec::new();
     let mut failed = None;
     for copy in copy_ids(id, n) {
-        let args = [
-            "run",
-            "-d",
-            "--runtime",
-            &runtime,
-            "--annotation",
-            &annotation,
-            &image,
-            &copy,
-        ];
-        match ctr(address, namespace, &args) {
-            Ok(_) => made.push(copy),
+        match run_restored(address, namespace, (&image, &runtime), &name, &copy) {
+            Ok(()) => made.push(copy),
             Err(e) => {
                 failed = Some(e.context(format!("starting copy {copy}")));
                 break;

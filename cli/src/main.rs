@@ -38,8 +38,8 @@ enum Command {
         source: Option<std::path::PathBuf>,
     },
     /// Run a command in a sandbox's container (waking it if it hibernates);
-    /// prints its output (each stream capped, the cut said) and exits with
-    /// its status (124: killed at --timeout; 125: burrow failed). With
+    /// prints its output as it comes and exits with its status (124:
+    /// killed at --timeout; 125: burrow failed); -t gives it a terminal. With
     /// --detach it starts a session that survives hibernation and
     /// checkpoint/restore; --attach reads on in it.
     Exec(tools::ExecArgs),
@@ -91,6 +91,11 @@ enum Command {
         /// containerd namespace of the sandboxes served.
         #[arg(long, short = 'n', default_value = "default")]
         namespace: String,
+        /// containerd's socket, for `fork` and `restore`, which start new
+        /// containers (default: $CONTAINERD_ADDRESS, else
+        /// /run/containerd/containerd.sock).
+        #[arg(long)]
+        address: Option<String>,
     },
     /// Sandbox lifecycle: list, hibernate, wake, checkpoint (through each
     /// shim's control socket).
@@ -181,11 +186,13 @@ fn main() -> Result<()> {
             http,
             state_dir,
             namespace,
+            address,
         } => {
             let root = state_dir.unwrap_or_else(sandbox::state_dir_from_config);
+            let server = mcp::Burrow::new(root, namespace).with_containerd(address);
             match http {
-                None => mcp::serve_stdio(root, namespace),
-                Some(listen) => mcp::http::serve(mcp::Burrow::new(root, namespace), listen),
+                None => mcp::serve_stdio(server),
+                Some(listen) => mcp::http::serve(server, listen),
             }
         }
         Command::Check => {
@@ -228,9 +235,7 @@ fn main() -> Result<()> {
                     println!("{id}: {}", reply.state);
                 }
                 SandboxVerb::Fork { id, n, address } => {
-                    let address = address
-                        .or_else(|| std::env::var("CONTAINERD_ADDRESS").ok())
-                        .unwrap_or_else(|| "/run/containerd/containerd.sock".into());
+                    let address = fork::containerd_address(address);
                     for copy in fork::fork(&dir(&id)?, &address, &namespace, &id, n)? {
                         println!("{copy}");
                     }

@@ -11,6 +11,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 pub use burrow_vmm_api::sandbox_control::SandboxRequest;
 use burrow_vmm_api::sandbox_control::{control_socket, SandboxReply};
+use burrow_vmm_api::sandbox_tools::{OutputChunk, ToolReply};
 
 /// Default state directory (the shim's `state_dir`).
 pub const DEFAULT_STATE_DIR: &str = "/run/burrow";
@@ -67,6 +68,47 @@ pub fn request(dir: &Path, req: &SandboxRequest, timeout: Duration) -> Result<Sa
         bail!("{cmd} failed: {err} (sandbox is {})", reply.state);
     }
     Ok(reply)
+}
+
+/// Send a streamed `exec` to the sandbox whose state directory is `dir`:
+/// `on_chunk` gets each piece of output as it comes (each reply line
+/// bounded by the request's reply limit), the final reply is returned.
+/// `timeout` bounds each wait for a line (a command that prints nothing
+/// for longer is given up on).
+pub fn request_stream(
+    dir: &Path,
+    req: &SandboxRequest,
+    timeout: Duration,
+    mut on_chunk: impl FnMut(&OutputChunk) -> Result<()>,
+) -> Result<SandboxReply> {
+    let cmd = req.name();
+    let sock = control_socket(dir);
+    let mut s = burrow_vmm_api::sockpath::SocketPath::new(&sock)
+        .and_then(|p| UnixStream::connect(p.path()))
+        .with_context(|| format!("connecting to {} (is the sandbox running?)", sock.display()))?;
+    s.set_read_timeout(Some(timeout))?;
+    s.write_all(&burrow_vmm_api::to_line(req))?;
+    let mut r = BufReader::new(s);
+    loop {
+        let mut line = String::new();
+        let n = (&mut r)
+            .take(req.reply_limit())
+            .read_line(&mut line)
+            .with_context(|| format!("reading the reply to {cmd:?}"))?;
+        if n == 0 {
+            bail!("the shim closed the connection before {cmd:?} ended");
+        }
+        let reply: SandboxReply =
+            serde_json::from_str(line.trim()).with_context(|| format!("bad reply {line:?}"))?;
+        if !reply.ok {
+            let err = reply.error.as_deref().unwrap_or("?");
+            bail!("{cmd} failed: {err} (sandbox is {})", reply.state);
+        }
+        match &reply.tool {
+            Some(ToolReply::Chunk(c)) => on_chunk(c)?,
+            _ => return Ok(reply),
+        }
+    }
 }
 
 /// The state the sandbox whose state directory is `dir` reports.
@@ -162,6 +204,63 @@ mod tests {
         let reply = request(&sb, &cp, t5).unwrap();
         assert_eq!(reply.state, "running");
         assert_eq!(reply.dir, Some(PathBuf::from("/s/.checkpoints/cp1")));
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn a_streamed_exec_hands_on_each_piece_then_returns_the_end() {
+        let d = tempfile::tempdir().unwrap();
+        let sb = d.path().join("default").join("s1");
+        std::fs::create_dir_all(&sb).unwrap();
+        let l = std::os::unix::net::UnixListener::bind(control_socket(&sb)).unwrap();
+        let t = std::thread::spawn(move || {
+            for lines in [
+                &[
+                    r#"{"ok":true,"state":"running","tool":{"tool":"chunk","stream":"stdout","data":"first\n"}}"#,
+                    r#"{"ok":true,"state":"running","tool":{"tool":"chunk","stream":"stderr","data":"oops\n"}}"#,
+                    r#"{"ok":true,"state":"running","tool":{"tool":"exec","stdout":"","stderr":"","stdout_cut":0,"stderr_cut":0,"exit_code":7,"signal":null,"timed_out":false,"output_open":false}}"#,
+                ][..],
+                &[r#"{"ok":true,"state":"running","tool":{"tool":"chunk","stream":"stdout","data":"x"}}"#],
+                &[r#"{"ok":false,"state":"running","error":"no such container"}"#],
+            ] {
+                let (mut s, _) = l.accept().unwrap();
+                let mut line = String::new();
+                BufReader::new(&s).read_line(&mut line).unwrap();
+                assert!(line.contains("\"stream\":true"), "{line}");
+                for reply in lines {
+                    s.write_all(reply.as_bytes()).unwrap();
+                    s.write_all(b"\n").unwrap();
+                }
+            }
+        });
+        let req = SandboxRequest::Exec(burrow_vmm_api::sandbox_tools::ExecRequest {
+            args: vec!["sh".into()],
+            stream: true,
+            ..Default::default()
+        });
+        let t5 = Duration::from_secs(5);
+        let mut got = Vec::new();
+        let reply = request_stream(&sb, &req, t5, |c| {
+            got.push((c.stream.clone(), c.data.clone()));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(
+            got,
+            [
+                ("stdout".to_string(), "first\n".to_string()),
+                ("stderr".to_string(), "oops\n".to_string())
+            ]
+        );
+        let Some(ToolReply::Exec(out)) = reply.tool else {
+            panic!("{reply:?}")
+        };
+        assert_eq!(out.status(), 7);
+        // A connection that ends before the final reply, and a refusal.
+        let e = request_stream(&sb, &req, t5, |_| Ok(())).unwrap_err();
+        assert!(format!("{e:#}").contains("closed the connection"), "{e:#}");
+        let e = request_stream(&sb, &req, t5, |_| Ok(())).unwrap_err();
+        assert!(format!("{e:#}").contains("no such container"), "{e:#}");
         t.join().unwrap();
     }
 

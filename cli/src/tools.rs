@@ -12,9 +12,9 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use burrow_vmm_api::sandbox_control::SandboxRequest;
 use burrow_vmm_api::sandbox_tools::{
-    EditRequest, ExecOutput, ExecRequest, LineRange, LsOutput, LsRequest, ReadOutput, ReadRequest,
-    ToolReply, WriteRequest, DEFAULT_EXEC_TIMEOUT_SECS, MAX_EXEC_OUTPUT, MAX_EXEC_TIMEOUT_SECS,
-    MAX_READ_LINES, MAX_READ_SCAN, MAX_WRITE,
+    EditRequest, ExecOutput, ExecRequest, LineRange, LsOutput, LsRequest, OutputChunk, ReadOutput,
+    ReadRequest, ToolReply, WriteRequest, DEFAULT_EXEC_TIMEOUT_SECS, MAX_EXEC_OUTPUT,
+    MAX_EXEC_TIMEOUT_SECS, MAX_READ_LINES, MAX_READ_SCAN, MAX_WRITE,
 };
 
 use crate::{audit, sandbox};
@@ -26,7 +26,8 @@ pub const WAKE_ALLOWANCE: Duration = Duration::from_secs(600);
 /// The sandbox a tool verb addresses.
 #[derive(clap::Args, Debug)]
 pub struct Target {
-    /// The container's id (its sandbox's, for `ctr run`).
+    /// The container's id (its sandbox's, for `ctr run`; a CRI pod's
+    /// container id, or the pod's id for its only container).
     pub id: String,
     /// The shims' state directory (default: `state_dir` from the burrow
     /// config, else /run/burrow).
@@ -57,17 +58,88 @@ pub fn ask(
     req: &SandboxRequest,
     timeout: Duration,
 ) -> Result<ToolReply> {
-    let dir = sandbox::sandbox_dir(root, namespace, id)?;
-    if !dir.exists() {
-        bail!("there is no sandbox {id:?} in namespace {namespace:?}");
-    }
+    let (dir, routed) = route(root, namespace, id, req)?;
     let start = std::time::Instant::now();
-    let result = sandbox::request(&dir, req, timeout).and_then(|reply| {
+    let result =
+        sandbox::request(&dir, routed.as_ref().unwrap_or(req), timeout).and_then(|reply| {
+            reply
+                .tool
+                .context("the shim answered without a result (is it older than this CLI?)")
+        });
+    let mut entry = audit::entry(req, &result, start.elapsed(), std::time::SystemTime::now());
+    if routed.is_some() {
+        entry.args["container"] = id.into();
+    }
+    if let Err(e) = audit::append(&dir, &entry) {
+        eprintln!("burrow: the audit log: {e:#}");
+    }
+    result
+}
+
+/// Where tool request `req` for container `id` goes: the state directory
+/// of sandbox `id`, or, for a container of a CRI pod (which has none: its
+/// pod's shim serves all of the pod's containers), the pod's, with the
+/// request wrapped for that container (`Some`). A pod's own id addresses
+/// its only container (the shim refuses it, listing them, when there are
+/// several).
+fn route(
+    root: &std::path::Path,
+    namespace: &str,
+    id: &str,
+    req: &SandboxRequest,
+) -> Result<(std::path::PathBuf, Option<SandboxRequest>)> {
+    let dir = sandbox::sandbox_dir(root, namespace, id)?;
+    if dir.exists() {
+        return Ok((dir, None));
+    }
+    for (ns, _, pod) in sandbox::list(root) {
+        if ns != namespace {
+            continue;
+        }
+        let Ok(status) = sandbox::request(&pod, &SandboxRequest::Status, Duration::from_secs(5))
+        else {
+            continue;
+        };
+        if status.containers.len() > 1 && status.containers.iter().any(|c| c == id) {
+            let wrapped = SandboxRequest::In {
+                container: id.into(),
+                request: Box::new(req.clone()),
+            };
+            return Ok((pod, Some(wrapped)));
+        }
+    }
+    bail!("there is no sandbox {id:?} in namespace {namespace:?}");
+}
+
+/// [`ask`] for a streamed `exec` ([`ExecRequest::stream`]): `on_chunk` gets
+/// the output as it comes; the result is the final reply (its output
+/// empty, unless the shim predates streaming). The audit log counts the
+/// streamed bytes in the result's size.
+pub fn ask_stream(
+    root: &std::path::Path,
+    namespace: &str,
+    id: &str,
+    req: &SandboxRequest,
+    timeout: Duration,
+    mut on_chunk: impl FnMut(&OutputChunk) -> Result<()>,
+) -> Result<ToolReply> {
+    let (dir, routed) = route(root, namespace, id, req)?;
+    let start = std::time::Instant::now();
+    let mut streamed = 0u64;
+    let result = sandbox::request_stream(&dir, routed.as_ref().unwrap_or(req), timeout, |c| {
+        streamed += c.data.len() as u64;
+        on_chunk(c)
+    })
+    .and_then(|reply| {
         reply
             .tool
             .context("the shim answered without a result (is it older than this CLI?)")
     });
-    let entry = audit::entry(req, &result, start.elapsed(), std::time::SystemTime::now());
+    let mut entry = audit::entry(req, &result, start.elapsed(), std::time::SystemTime::now());
+    entry.result_bytes += streamed;
+    if routed.is_some() {
+        entry.args["container"] = id.into();
+    }
     if let Err(e) = audit::append(&dir, &entry) {
         eprintln!("burrow: the audit log: {e:#}");
     }
@@ -106,6 +178,12 @@ pub struct ExecArgs {
     /// (exit 0); 0 prints what there is now.
     #[arg(long, requires = "attach")]
     pub wait: Option<u64>,
+    /// Run the command on a terminal in the guest (a PTY: `tty` names it;
+    /// stdout carries both streams; sized as this terminal if stdout is
+    /// one). It has no stdin: a command that reads its terminal waits
+    /// until --timeout.
+    #[arg(short = 't', long = "tty", conflicts_with_all = ["attach", "detach"])]
+    pub tty: bool,
     /// The command and its arguments (after `--`).
     #[arg(
         required_unless_present = "attach",
@@ -180,15 +258,37 @@ pub fn exec(a: ExecArgs) -> Result<i32> {
         env: a.env,
         timeout_secs: timeout,
         max_output: None,
+        stream: !a.detach,
+        tty: a.tty,
+        tty_size: if a.tty { terminal_size() } else { None },
     };
     if a.detach {
         return crate::session::detach(&a.target, req);
     }
     let req = SandboxRequest::Exec(req);
     let limit = Duration::from_secs(timeout) + WAKE_ALLOWANCE;
-    let ToolReply::Exec(out) = a.target.ask(&req, limit)? else {
+    let root = a
+        .target
+        .state_dir
+        .clone()
+        .unwrap_or_else(sandbox::state_dir_from_config);
+    // The output as it comes: each piece written and flushed at once.
+    let reply = ask_stream(&root, &a.target.namespace, &a.target.id, &req, limit, |c| {
+        if c.stream == "stderr" {
+            let mut err = std::io::stderr().lock();
+            err.write_all(c.data.as_bytes())?;
+            err.flush()?;
+        } else {
+            let mut out = std::io::stdout().lock();
+            out.write_all(c.data.as_bytes())?;
+            out.flush()?;
+        }
+        Ok(())
+    })?;
+    let ToolReply::Exec(out) = reply else {
         bail!("the shim answered exec with another tool's result");
     };
+    // Empty from a shim that streamed; all of it from an older one.
     std::io::stdout().write_all(out.stdout.as_bytes())?;
     std::io::stdout().flush()?;
     let mut err = std::io::stderr();
@@ -197,6 +297,16 @@ pub fn exec(a: ExecArgs) -> Result<i32> {
         writeln!(err, "burrow: {note}")?;
     }
     Ok(out.status())
+}
+
+/// This terminal's size (rows, columns), if stdout is one.
+fn terminal_size() -> Option<(u16, u16)> {
+    // SAFETY: TIOCGWINSZ writes one winsize into `ws`, which lives across
+    // the call; a non-terminal fails with ENOTTY and leaves it alone.
+    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+    // SAFETY: see above.
+    let rc = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut ws) };
+    (rc == 0 && ws.ws_row > 0 && ws.ws_col > 0).then_some((ws.ws_row, ws.ws_col))
 }
 
 /// What `exec` says about its output and status besides the output (each
@@ -398,6 +508,48 @@ mod tests {
             read_note("/e", &empty, lines_option),
             "[/e: no lines of 0, 0 remain]"
         );
+    }
+
+    #[test]
+    fn a_pod_members_requests_go_to_its_pods_shim() {
+        use std::io::BufRead;
+        let d = tempfile::tempdir().unwrap();
+        let pod = d.path().join("default").join("pod1");
+        std::fs::create_dir_all(&pod).unwrap();
+        let sock = burrow_vmm_api::sandbox_control::control_socket(&pod);
+        let l = std::os::unix::net::UnixListener::bind(sock).unwrap();
+        let t = std::thread::spawn(move || {
+            for _ in 0..2 {
+                let (mut s, _) = l.accept().unwrap();
+                let mut line = String::new();
+                std::io::BufReader::new(&s).read_line(&mut line).unwrap();
+                assert!(line.contains("\"status\""), "{line}");
+                s.write_all(
+                    b"{\"ok\":true,\"state\":\"running\",\"containers\":[\"pod1\",\"app\"]}\n",
+                )
+                .unwrap();
+            }
+        });
+        let req = SandboxRequest::Ls(LsRequest { path: "/".into() });
+        // The pod's own id: its directory, the request as it is.
+        let (dir, routed) = route(d.path(), "default", "pod1", &req).unwrap();
+        assert_eq!((dir.as_path(), routed), (pod.as_path(), None));
+        // A member: the pod's directory, the request wrapped for it.
+        let (dir, routed) = route(d.path(), "default", "app", &req).unwrap();
+        assert_eq!(dir, pod);
+        assert_eq!(
+            routed,
+            Some(SandboxRequest::In {
+                container: "app".into(),
+                request: Box::new(req.clone())
+            })
+        );
+        let e = route(d.path(), "default", "nosuch", &req).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "there is no sandbox \"nosuch\" in namespace \"default\""
+        );
+        t.join().unwrap();
     }
 
     #[test]

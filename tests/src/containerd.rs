@@ -56,22 +56,44 @@ impl Run {
 
 /// Wait for `child` at most `limit`; kill it if it takes longer.
 pub fn wait_output(mut child: Child, limit: Duration) -> (Output, bool) {
+    // Both pipes are read while the child runs: one that writes more than
+    // a pipe holds (64 KiB) would otherwise block forever on it.
+    fn drain(
+        pipe: Option<impl std::io::Read + Send + 'static>,
+    ) -> Option<std::thread::JoinHandle<Vec<u8>>> {
+        pipe.map(|mut p| {
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                let _ = p.read_to_end(&mut buf);
+                buf
+            })
+        })
+    }
+    let stdout = drain(child.stdout.take());
+    let stderr = drain(child.stderr.take());
     let start = Instant::now();
-    loop {
+    let mut killed = false;
+    let status = loop {
         match child.try_wait() {
-            Ok(Some(_)) | Err(_) => break,
+            Ok(Some(st)) => break st,
+            Err(_) => break child.wait().expect("collect child output"),
             Ok(None) if start.elapsed() > limit => {
                 let _ = child.kill();
-                let out = child.wait_with_output().expect("collect a killed child");
-                return (out, true);
+                killed = true;
+                break child.wait().expect("collect a killed child");
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(100)),
         }
-    }
-    (
-        child.wait_with_output().expect("collect child output"),
-        false,
-    )
+    };
+    let collect = |h: Option<std::thread::JoinHandle<Vec<u8>>>| {
+        h.map(|h| h.join().unwrap_or_default()).unwrap_or_default()
+    };
+    let out = Output {
+        status,
+        stdout: collect(stdout),
+        stderr: collect(stderr),
+    };
+    (out, killed)
 }
 
 /// burrow config for the ctr suites in the nested test host: guests boot

@@ -141,6 +141,30 @@ fn burrow_sandbox(cri: &Cri, args: &[&str]) -> String {
     r.stdout
 }
 
+/// `burrow exec` addresses a pod's container by its container id (the
+/// pod's shim serves it); the pod's id, with two containers, is refused
+/// with both ids, never run in the pause container.
+fn tools_by_container_and_pod_id(cri: &Cri, pod: &str, ids: &[String]) {
+    let state = cri.containerd.burrow_state().display().to_string();
+    let exec = |id: &str, cmd: &[&str]| {
+        let mut all = vec!["exec", "--state-dir", &state, "-n", "k8s.io", id, "--"];
+        all.extend_from_slice(cmd);
+        cri.containerd.burrow(&all)
+    };
+    for (id, name) in ids.iter().zip(["one", "two"]) {
+        let r = exec(id, &["cat", &format!("/only-{name}")]);
+        assert_eq!((r.code, r.stdout.trim()), (Some(0), name), "{r:?}");
+    }
+    let r = exec(pod, &["true"]);
+    assert_eq!(r.code, Some(125), "{r:?}");
+    assert!(
+        r.stderr.contains("runs 2 containers")
+            && r.stderr.contains(&ids[0])
+            && r.stderr.contains(&ids[1]),
+        "{r:?}"
+    );
+}
+
 /// What `burrow sandbox ls` says of pod `id`: running or asleep.
 fn pod_state(cri: &Cri, id: &str) -> String {
     burrow_sandbox(cri, &["ls"])
@@ -235,6 +259,7 @@ fn burrow_pod_runs_its_containers_in_one_vm() {
     assert_eq!(pids.len(), 1, "one VM for the pod: {pids:?}");
     assert!(pids[0].starts_with(cri.containerd.burrow_state().join("k8s.io").join(&pod.id)));
     files_are_private(&cri, &ids);
+    tools_by_container_and_pod_id(&cri, &pod.id, &ids);
     namespaces_are_the_pods(&cri, &ids);
     logs_reach_log_path(&cri, "pod-burrow");
     exec_with_a_terminal(&cri, &ids[0]);

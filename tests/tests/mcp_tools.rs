@@ -18,6 +18,10 @@ use rmcp::{RoleClient, ServiceExt};
 use serde_json::{json, Value};
 
 const ID: &str = "t-mcp";
+/// The sandbox MCP `restore` makes from a checkpoint of [`ID`], and the
+/// copy `fork` makes.
+const RESTORED: &str = "t-mcp-restored";
+const FORKED: &str = "t-mcp-fork-1";
 /// A fake AWS access key id, planted in output and in a file.
 const FAKE_KEY: &str = "AKIAZZZZEXAMPLEKEY42";
 
@@ -99,16 +103,23 @@ fn mcp_client_calls_every_tool_pages_output_and_sees_no_secret() {
         r.stdout
     );
 
-    assert_eq!(c.ctr(&["task", "kill", "-s", "SIGKILL", ID]).code, Some(0));
-    c.wait_status(ID, "STOPPED", LONG);
-    c.ctr(&["task", "delete", ID]);
-    c.ctr(&["containers", "rm", ID]);
+    for id in [ID, RESTORED, FORKED] {
+        assert_eq!(c.ctr(&["task", "kill", "-s", "SIGKILL", id]).code, Some(0));
+        c.wait_status(id, "STOPPED", LONG);
+        c.ctr(&["task", "delete", id]);
+        c.ctr(&["containers", "rm", id]);
+    }
+    // Whatever the failed restore left.
+    c.ctr(&["task", "delete", "-f", "t-mcp-r2"]);
+    c.ctr(&["containers", "rm", "t-mcp-r2"]);
 }
 
 /// An MCP session with `burrow mcp` for containerd `c`.
 async fn connect(c: &Containerd) -> Client {
     let mut cmd = tokio::process::Command::new(burrow_tests::workspace_bin("burrow"));
     cmd.arg("mcp")
+        .arg("--address")
+        .arg(c.socket())
         .env("BURROW_CONFIG", c.dir.join("burrow.toml"));
     ().serve(TokioChildProcess::new(cmd).unwrap())
         .await
@@ -142,9 +153,11 @@ async fn session(c: &Containerd) {
             "edit_file",
             "exec",
             "exec_read",
+            "fork",
             "list_dir",
             "read_file",
             "read_output",
+            "restore",
             "sandboxes_list",
             "write_file"
         ]
@@ -158,6 +171,15 @@ async fn session(c: &Containerd) {
     assert_eq!(hints("exec"), (Some(false), Some(true)));
     assert_eq!(hints("write_file"), (Some(false), Some(true)));
     assert_eq!(hints("edit_file"), (Some(false), Some(false)));
+    // restore and fork make new sandboxes and change none.
+    assert_eq!(hints("restore"), (Some(false), Some(false)));
+    assert_eq!(hints("fork"), (Some(false), Some(false)));
+    let restore_schema = serde_json::to_value(&*tool("restore").input_schema).unwrap();
+    assert_eq!(
+        restore_schema["required"],
+        json!(["checkpoint", "new_sandbox", "sandbox"]),
+        "{restore_schema}"
+    );
     let exec_schema = serde_json::to_value(&*tool("exec").input_schema).unwrap();
     assert_eq!(
         exec_schema["required"],
@@ -367,10 +389,78 @@ async fn session(c: &Containerd) {
     let out = ok(
         &client,
         "exec",
-        json!({"sandbox": ID, "command": "cat /tmp/n.txt | wc -l"}),
+        json!({"sandbox": ID, "command": "cat /tmp/n.txt | wc -l; echo after > /tmp/after"}),
     )
     .await;
     assert!(out.contains("1200"), "{out}");
+
+    // restore: a new sandbox from the checkpoint, as it was then (the file
+    // written before it, not the one after); the source is untouched.
+    let r = ok(
+        &client,
+        "restore",
+        json!({"checkpoint": "mcp-cp1", "new_sandbox": RESTORED, "sandbox": ID}),
+    )
+    .await;
+    assert!(
+        r.contains("restored checkpoint mcp-cp1 into a new sandbox t-mcp-restored"),
+        "{r}"
+    );
+    let out = ok(
+        &client,
+        "exec",
+        json!({"sandbox": RESTORED, "command": "wc -l < /tmp/n.txt; cat /tmp/after || echo no-after"}),
+    )
+    .await;
+    assert!(out.contains("1200\n") && out.contains("no-after"), "{out}");
+    let out = ok(
+        &client,
+        "exec",
+        json!({"sandbox": ID, "command": "cat /tmp/after"}),
+    )
+    .await;
+    assert!(out.contains("after"), "{out}");
+    // A checkpoint that does not exist, and a bad new id: clear errors.
+    let (e, err) = call(
+        &client,
+        "restore",
+        json!({"checkpoint": "mcp-nosuch", "new_sandbox": "t-mcp-r2", "sandbox": ID}),
+    )
+    .await;
+    assert!(err && e.contains("mcp-nosuch"), "{e}");
+    let (e, err) = call(
+        &client,
+        "restore",
+        json!({"checkpoint": "mcp-cp1", "new_sandbox": "../x", "sandbox": ID}),
+    )
+    .await;
+    assert!(err && e.contains("invalid sandbox id"), "{e}");
+
+    // fork: a copy of the sandbox as it is now (with /tmp/after), its own
+    // writes its own.
+    let f = ok(&client, "fork", json!({"sandbox": ID, "copies": 1})).await;
+    assert!(
+        f.contains("forked t-mcp into 1 running copies:\nt-mcp-fork-1\n"),
+        "{f}"
+    );
+    let out = ok(
+        &client,
+        "exec",
+        json!({"sandbox": FORKED, "command": "cat /tmp/after; echo copy > /tmp/after"}),
+    )
+    .await;
+    assert!(out.contains("--- stdout (6 bytes) ---\nafter\n"), "{out}");
+    let out = ok(
+        &client,
+        "exec",
+        json!({"sandbox": ID, "command": "cat /tmp/after"}),
+    )
+    .await;
+    assert!(out.contains("after\n") && !out.contains("copy"), "{out}");
+    let (e, err) = call(&client, "fork", json!({"sandbox": ID, "copies": 0})).await;
+    assert!(err && e.contains("1 to 8"), "{e}");
+    let (e, err) = call(&client, "fork", json!({"sandbox": "t-nosuch"})).await;
+    assert!(err && e.contains("no sandbox"), "{e}");
 
     // This sandbox did not ask for a browser: browser tools say so.
     let (e, err) = call(&client, "browser_snapshot", json!({"sandbox": ID})).await;
@@ -509,6 +599,54 @@ fn mcp_browser_tools_on_a_sandbox_that_asked_for_a_browser() {
         let decoder = png::Decoder::new(&png[..]);
         let info = decoder.read_info().unwrap();
         assert_eq!((info.info().width, info.info().height), (640, 480));
+
+        // A page that never loads (a listener in the guest that accepts and
+        // never answers; its stdin held open so that it never closes the
+        // connection either): a clear error within its timeout, and the
+        // sandbox and its browser keep working. The container shares the
+        // guest's network namespace with the browser.
+        let out = ok(
+            &client,
+            "exec",
+            json!({"sandbox": BROWSER_ID, "command": "sleep 100000 | nc -l -p 8000 >/dev/null", "detach": true}),
+        )
+        .await;
+        assert!(out.starts_with("started session "), "{out}");
+        // Listening on port 8000 (state 0A; busybox nc listens on [::], which
+        // takes 127.0.0.1 too) before the browser tries it.
+        let wait = "i=0; until grep -q ':1F40 0*:0000 0A' /proc/net/tcp /proc/net/tcp6; do \
+            i=$((i+1)); [ $i -gt 300 ] && exit 1; sleep 0.2; done";
+        let out = ok(&client, "exec", json!({"sandbox": BROWSER_ID, "command": wait})).await;
+        assert!(out.starts_with("exit status: 0"), "no listener on 8000: {out}");
+        let start = std::time::Instant::now();
+        let (e, err) = call(
+            &client,
+            "browser_navigate",
+            json!({"sandbox": BROWSER_ID, "url": "http://127.0.0.1:8000/", "timeout_secs": 10}),
+        )
+        .await;
+        let took = start.elapsed();
+        assert!(
+            err && (e.contains("timed out") || e.contains("did not finish loading")),
+            "{e}"
+        );
+        assert!(e.contains("127.0.0.1:8000"), "{e}");
+        // 10 s, with room for the nested test host's slowness.
+        assert!(took < Duration::from_secs(60), "the error took {took:?}");
+        let out = ok(
+            &client,
+            "exec",
+            json!({"sandbox": BROWSER_ID, "command": "echo alive"}),
+        )
+        .await;
+        assert!(out.contains("alive"), "{out}");
+        let nav = ok(
+            &client,
+            "browser_navigate",
+            json!({"sandbox": BROWSER_ID, "url": url, "timeout_secs": 120}),
+        )
+        .await;
+        assert!(nav.contains("title: mcp page\n"), "{nav}");
         client.cancel().await.unwrap();
     });
 

@@ -46,6 +46,8 @@ const DEFAULT_TIMEOUT_SECS: u64 = 120;
 pub struct Burrow {
     root: PathBuf,
     namespace: String,
+    /// containerd's socket (`fork` and `restore` start containers).
+    containerd: String,
     store: Arc<Mutex<output::Store>>,
     tool_router: ToolRouter<Self>,
 }
@@ -140,6 +142,30 @@ pub struct PathArgs {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+pub struct RestoreArgs {
+    /// The checkpoint's name (as given to checkpoint).
+    pub checkpoint: String,
+    /// The id of the new sandbox (a new containerd container) to restore it
+    /// into: letters, digits, '-', '_', '.'.
+    pub new_sandbox: String,
+    /// The sandbox whose image and runtime the new one takes: normally the
+    /// one the checkpoint was taken of (it is left as it is).
+    pub sandbox: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ForkArgs {
+    /// The sandbox to copy (container id).
+    pub sandbox: String,
+    /// How many copies (1 to 8; default 1).
+    #[serde(default)]
+    pub copies: Option<u32>,
+}
+
+/// Most copies one MCP `fork` makes.
+const MAX_MCP_COPIES: u32 = 8;
+
+#[derive(Debug, Deserialize, JsonSchema)]
 pub struct CheckpointArgs {
     /// The sandbox (container id).
     pub sandbox: String,
@@ -172,9 +198,20 @@ impl Burrow {
         Self {
             root,
             namespace,
+            containerd: crate::fork::containerd_address(None),
             store: Arc::default(),
-            tool_router: Self::tool_router() + Self::browser_router() + Self::session_router(),
+            tool_router: Self::tool_router()
+                + Self::browser_router()
+                + Self::session_router()
+                + Self::lifecycle_router(),
         }
+    }
+
+    /// The same server with containerd at `address` (None: the default,
+    /// see [`crate::fork::containerd_address`]).
+    pub fn with_containerd(mut self, address: Option<String>) -> Self {
+        self.containerd = crate::fork::containerd_address(address);
+        self
     }
 
     /// Send `req` to sandbox `id` (off the async threads: the control
@@ -214,7 +251,8 @@ impl Burrow {
         })
     }
 
-    /// List the sandboxes this server can reach and their state (running, asleep).
+    /// List the sandboxes this server can reach and their state (running, asleep); a
+    /// Kubernetes pod's containers are listed under it, each a sandbox id for the tools.
     #[tool(annotations(read_only_hint = true, open_world_hint = false))]
     async fn sandboxes_list(&self, _: Parameters<NoArgs>) -> Result<CallToolResult, ErrorData> {
         let (root, ns) = (self.root.clone(), self.namespace.clone());
@@ -222,9 +260,18 @@ impl Burrow {
             let mut text = String::new();
             for (n, id, dir) in sandbox::list(&root) {
                 if n == ns {
-                    let state = sandbox::status(&dir, Duration::from_secs(5))
-                        .unwrap_or_else(|e| format!("unreachable ({e:#})"));
-                    text.push_str(&format!("{id}\t{state}\n"));
+                    let status =
+                        sandbox::request(&dir, &SandboxRequest::Status, Duration::from_secs(5));
+                    match status {
+                        Ok(s) => {
+                            text.push_str(&format!("{id}\t{}\n", s.state));
+                            // A CRI pod: its containers, each addressed by its id.
+                            for c in s.containers.iter().filter(|c| **c != id) {
+                                text.push_str(&format!("{c}\t(container of pod {id})\n"));
+                            }
+                        }
+                        Err(e) => text.push_str(&format!("{id}\tunreachable ({e:#})\n")),
+                    }
                 }
             }
             if text.is_empty() {
@@ -259,6 +306,7 @@ impl Burrow {
             env: a.env.into_iter().map(|(k, v)| format!("{k}={v}")).collect(),
             timeout_secs: timeout,
             max_output: Some(MAX_EXEC_OUTPUT_FULL as u64),
+            ..Default::default()
         };
         if a.detach {
             return self.exec_detached(&a.sandbox, req).await;
@@ -432,8 +480,8 @@ impl Burrow {
         .await
     }
 
-    /// Write a checkpoint of the whole sandbox VM while it runs on; a new container can start
-    /// from it (annotation io.burrow.restore=NAME).
+    /// Write a checkpoint of the whole sandbox VM while it runs on; restore starts a new
+    /// sandbox from it (as does a container with the annotation io.burrow.restore=NAME).
     #[tool(annotations(
         read_only_hint = false,
         destructive_hint = false,
@@ -469,6 +517,91 @@ impl Burrow {
     }
 }
 
+#[tool_router(router = lifecycle_router, vis = "pub(crate)")]
+impl Burrow {
+    /// Run `f` off the async threads (it runs ctr and waits on shims); its
+    /// text, or its error, as the model sees them.
+    async fn blocking(
+        &self,
+        f: impl FnOnce(&Self) -> anyhow::Result<String> + Send + 'static,
+    ) -> Result<CallToolResult, ErrorData> {
+        let me = self.clone();
+        let done = tokio::task::spawn_blocking(move || f(&me))
+            .await
+            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+        Ok(match done {
+            Ok(text) => shown(redact(&text, false)),
+            Err(e) => failed(format!("{e:#}")),
+        })
+    }
+
+    /// Start a new sandbox from a named checkpoint: the whole VM as it was at the checkpoint
+    /// (processes, memory, files), with a fresh identity, as a new container new_sandbox. The
+    /// sandbox it was taken of runs on untouched (a running sandbox is not rolled back in
+    /// place); the checkpoint stays for further restores.
+    #[tool(annotations(
+        read_only_hint = false,
+        destructive_hint = false,
+        idempotent_hint = false,
+        open_world_hint = false
+    ))]
+    async fn restore(
+        &self,
+        Parameters(a): Parameters<RestoreArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        self.blocking(move |me| {
+            // The same name checks as every other tool's sandbox argument.
+            sandbox::sandbox_dir(&me.root, &me.namespace, &a.new_sandbox)?;
+            crate::fork::restore(
+                &me.containerd,
+                &me.namespace,
+                &a.sandbox,
+                &a.checkpoint,
+                &a.new_sandbox,
+            )?;
+            Ok(format!(
+                "restored checkpoint {} into a new sandbox {}, running",
+                a.checkpoint, a.new_sandbox
+            ))
+        })
+        .await
+    }
+
+    /// Copy a running sandbox: each copy continues from one instant of it (processes, memory,
+    /// files; memory shared copy-on-write) with a fresh identity, as a new sandbox
+    /// SANDBOX-fork-K. The source runs on. Returns the copies' ids.
+    #[tool(annotations(
+        read_only_hint = false,
+        destructive_hint = false,
+        idempotent_hint = false,
+        open_world_hint = false
+    ))]
+    async fn fork(&self, Parameters(a): Parameters<ForkArgs>) -> Result<CallToolResult, ErrorData> {
+        let n = a.copies.unwrap_or(1);
+        if n == 0 || n > MAX_MCP_COPIES {
+            return Ok(failed(format!("copies: want 1 to {MAX_MCP_COPIES}")));
+        }
+        self.blocking(move |me| {
+            let dir = sandbox::sandbox_dir(&me.root, &me.namespace, &a.sandbox)?;
+            if !dir.exists() {
+                anyhow::bail!(
+                    "there is no sandbox {:?} in namespace {:?}",
+                    a.sandbox,
+                    me.namespace
+                );
+            }
+            let copies = crate::fork::fork(&dir, &me.containerd, &me.namespace, &a.sandbox, n)?;
+            Ok(format!(
+                "forked {} into {} running copies:\n{}\n",
+                a.sandbox,
+                copies.len(),
+                copies.join("\n")
+            ))
+        })
+        .await
+    }
+}
+
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for Burrow {
     fn get_info(&self) -> ServerConfig {
@@ -478,19 +611,21 @@ impl ServerHandler for Burrow {
                 "Tools of burrow sandboxes (KVM microVMs): run commands, read and edit files. \
                  Every tool takes the sandbox's id (sandboxes_list). Output is capped; long \
                  output is paged with read_output. Long-running commands: exec with detach, \
-                 then exec_read by session id and offset. Secrets in results are redacted.",
+                 then exec_read by session id and offset. checkpoint saves a whole sandbox; \
+                 restore starts a new sandbox from it; fork copies a running one. Secrets in \
+                 results are redacted.",
             )
     }
 }
 
-/// `burrow mcp`: serve on stdio until the client closes it.
-pub fn serve_stdio(root: PathBuf, namespace: String) -> anyhow::Result<()> {
+/// `burrow mcp`: serve `server` on stdio until the client closes it.
+pub fn serve_stdio(server: Burrow) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
     rt.block_on(async {
-        let server = Burrow::new(root, namespace)
+        let server = server
             .serve(rmcp::transport::stdio())
             .await
             .context("starting the MCP session")?;

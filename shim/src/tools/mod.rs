@@ -9,6 +9,8 @@ pub mod text;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::sync::mpsc;
+
 use burrow_vmm_api::sandbox_tools::{ExecOutput, ExecRequest};
 
 use crate::sandbox::{ExecConfig, ExitStatus, Result, Sandbox, SandboxError, Stream};
@@ -21,7 +23,7 @@ const OUTPUT_GRACE: Duration = Duration::from_secs(5);
 
 /// The OCI process a tool's `exec` runs: the container's own `process`
 /// (user, environment, capabilities) with the request's arguments, working
-/// directory and extra environment, without a terminal.
+/// directory and extra environment, on a terminal only if it asks for one.
 pub fn exec_process(
     container_process: Option<&serde_json::Value>,
     req: &ExecRequest,
@@ -34,8 +36,14 @@ pub fn exec_process(
         _ => serde_json::Map::new(),
     };
     p.insert("args".into(), req.args.clone().into());
-    p.insert("terminal".into(), false.into());
+    p.insert("terminal".into(), req.tty.into());
     p.remove("consoleSize");
+    if let (true, Some((rows, cols))) = (req.tty, req.tty_size) {
+        p.insert(
+            "consoleSize".into(),
+            serde_json::json!({"height": rows, "width": cols}),
+        );
+    }
     if let Some(cwd) = &req.cwd {
         if !cwd.starts_with('/') {
             return Err(SandboxError::InvalidArgument(format!(
@@ -71,6 +79,18 @@ pub fn exec_process(
     Ok(serde_json::Value::Object(p))
 }
 
+/// Where a tool exec's output goes: kept (capped), or passed on as it
+/// comes to a caller that streams it.
+#[derive(Clone)]
+pub enum Sink {
+    /// Each stream capped to this many bytes (its head and tail).
+    Keep(usize),
+    /// Each piece as it is read, in order; a bounded channel, so a slow
+    /// reader slows the command's output (its pipe fills), and memory stays
+    /// bounded. The command is killed when the receiver goes.
+    Stream(mpsc::Sender<(Stream, Vec<u8>)>),
+}
+
 /// Run `process` as exec `exec_id` in container `id` of `sb`, collect its
 /// output (each stream capped to `cap` bytes, its head and tail), kill it
 /// at `timeout`, and forget it.
@@ -82,11 +102,32 @@ pub async fn run_exec<S: Sandbox + ?Sized>(
     timeout: Duration,
     cap: usize,
 ) -> Result<ExecOutput> {
+    run_exec_to(sb, id, exec_id, process, timeout, Sink::Keep(cap)).await
+}
+
+/// [`run_exec`] with the output going to `sink`; with [`Sink::Stream`]
+/// the result carries no output.
+pub async fn run_exec_to<S: Sandbox + ?Sized>(
+    sb: Arc<S>,
+    id: &str,
+    exec_id: &str,
+    process: serde_json::Value,
+    timeout: Duration,
+    sink: Sink,
+) -> Result<ExecOutput> {
     let cfg = ExecConfig {
         process,
         stdin: false,
     };
     sb.exec_process(id, exec_id, &cfg).await?;
+    let cap = match &sink {
+        Sink::Keep(cap) => *cap,
+        Sink::Stream(_) => 0,
+    };
+    let streamed = match &sink {
+        Sink::Stream(tx) => Some(tx.clone()),
+        Sink::Keep(_) => None,
+    };
     let out = Arc::new(Mutex::new(Capped::new(cap)));
     let err = Arc::new(Mutex::new(Capped::new(cap)));
     let drains = [(Stream::Stdout, &out), (Stream::Stderr, &err)].map(|(stream, buf)| {
@@ -96,10 +137,32 @@ pub async fn run_exec<S: Sandbox + ?Sized>(
             exec_id.to_string(),
             stream,
             buf.clone(),
+            streamed.clone(),
         ))
     });
+    drop(streamed);
+    // A streaming caller that went away: the command goes too.
+    let gone = async {
+        match &sink {
+            Sink::Stream(tx) => tx.closed().await,
+            Sink::Keep(_) => std::future::pending().await,
+        }
+    };
     let mut timed_out = false;
-    let status = match tokio::time::timeout(timeout, sb.wait(id, exec_id)).await {
+    let waited = tokio::select! {
+        st = tokio::time::timeout(timeout, sb.wait(id, exec_id)) => st,
+        () = gone => {
+            tracing::info!("{id}/{exec_id}: the caller went away: killing the command");
+            let _ = sb.signal(id, exec_id, libc::SIGKILL as u32, false).await;
+            Ok(tokio::time::timeout(KILL_GRACE, sb.wait(id, exec_id))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(SandboxError::Timeout("the command did not die when killed".into()))
+                }))
+        }
+    };
+    drop(sink);
+    let status = match waited {
         Ok(st) => st,
         Err(_) => {
             timed_out = true;
@@ -156,19 +219,30 @@ pub async fn run_exec<S: Sandbox + ?Sized>(
     })
 }
 
-/// Read one output stream of a process into `buf` until its end.
+/// Read one output stream of a process into `buf` (or pass it on to `tx`)
+/// until its end.
 async fn drain<S: Sandbox + ?Sized>(
     sb: Arc<S>,
     id: String,
     exec_id: String,
     stream: Stream,
     buf: Arc<Mutex<Capped>>,
+    tx: Option<mpsc::Sender<(Stream, Vec<u8>)>>,
 ) -> Result<()> {
     loop {
         let chunk = sb.read_output(&id, &exec_id, stream).await?;
-        buf.lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(&chunk.data);
+        match &tx {
+            Some(tx) if !chunk.data.is_empty() => {
+                if tx.send((stream, chunk.data)).await.is_err() {
+                    return Err(SandboxError::Unavailable("the caller went away".into()));
+                }
+            }
+            Some(_) => {}
+            None => buf
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(&chunk.data),
+        }
         if chunk.eof {
             return Ok(());
         }
@@ -190,6 +264,7 @@ mod tests {
             env: vec![],
             timeout_secs: 1,
             max_output: None,
+            ..Default::default()
         }
     }
 
@@ -265,6 +340,62 @@ mod tests {
         assert_eq!((out.stdout.as_str(), out.stderr.as_str()), ("", "oops\n"));
         let out = run(&sb, "t3", &["exit", "3"], Duration::from_secs(5)).await;
         assert_eq!(out.status(), 3);
+    }
+
+    #[test]
+    fn a_terminal_only_when_asked_sized_as_asked() {
+        let mut r = req(&["tty"]);
+        assert_eq!(exec_process(None, &r).unwrap()["terminal"], false);
+        r.tty = true;
+        let p = exec_process(None, &r).unwrap();
+        assert_eq!(p["terminal"], true);
+        assert!(p.get("consoleSize").is_none());
+        r.tty_size = Some((40, 120));
+        let p = exec_process(None, &r).unwrap();
+        assert_eq!(
+            p["consoleSize"],
+            serde_json::json!({"height": 40, "width": 120})
+        );
+    }
+
+    #[tokio::test]
+    async fn a_streamed_exec_passes_its_output_on_and_returns_none() {
+        let sb = fake().await;
+        let (tx, mut rx) = mpsc::channel(8);
+        let p = exec_process(None, &req(&["echo", "hi", "there"])).unwrap();
+        let out = run_exec_to(
+            sb.clone(),
+            "c1",
+            "s1",
+            p,
+            Duration::from_secs(5),
+            Sink::Stream(tx),
+        )
+        .await
+        .unwrap();
+        assert_eq!((out.stdout.as_str(), out.status()), ("", 0));
+        let mut got = Vec::new();
+        while let Ok((stream, data)) = rx.try_recv() {
+            assert_eq!(stream, Stream::Stdout);
+            got.extend(data);
+        }
+        assert_eq!(got, b"hi there\n");
+        // A caller that went away: the command is killed.
+        let (tx, rx) = mpsc::channel(8);
+        drop(rx);
+        let p = exec_process(None, &req(&["sleep"])).unwrap();
+        let out = run_exec_to(
+            sb.clone(),
+            "c1",
+            "s2",
+            p,
+            Duration::from_secs(30),
+            Sink::Stream(tx),
+        )
+        .await
+        .unwrap();
+        assert_eq!(out.signal, Some(9), "{out:?}");
+        assert!(!out.timed_out);
     }
 
     #[tokio::test]

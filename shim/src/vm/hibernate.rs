@@ -22,14 +22,17 @@
 use std::time::{Duration, Instant};
 
 use burrow_vmm_api::sandbox_control::{SandboxReply, SandboxRequest};
+use burrow_vmm_api::sandbox_tools::{ExecRequest, OutputChunk, ToolReply};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::mpsc;
 
 use super::checkpoint;
 use super::lifecycle::Phase;
 use super::VmSandbox;
-use crate::sandbox::Result;
+use crate::sandbox::{Result, Stream};
 use crate::spec;
+use crate::tools::Sink;
 
 /// The control socket's file name in the sandbox's state directory, and
 /// its longest request line.
@@ -143,20 +146,129 @@ async fn handle_control(sb: &VmSandbox, s: UnixStream) -> std::io::Result<()> {
         ),
         Err(e) => SandboxReply::new(sb.vm.phase().name(), Err(format!("bad request: {e}"))),
         Ok(req) => {
+            let status = req == SandboxRequest::Status;
             let result = match req {
                 SandboxRequest::Hibernate => sb.hibernate().await.map(|()| None),
                 SandboxRequest::Wake => sb.wake().await.map(|()| None),
                 SandboxRequest::Status => Ok(None),
                 SandboxRequest::Checkpoint { name } => sb.checkpoint_named(&name).await.map(Some),
+                SandboxRequest::Exec(r) if r.stream => return stream_exec(sb, r, w).await,
+                SandboxRequest::In { container, request } => {
+                    let run = async {
+                        match *request {
+                            SandboxRequest::Exec(r) if r.stream => stream_exec(sb, r, w).await,
+                            tool => {
+                                let r = sb.tool(tool).await.map_err(|e| e.to_string());
+                                reply(w, SandboxReply::tool(sb.vm.phase().name(), r)).await
+                            }
+                        }
+                    };
+                    return super::tools::TOOL_TARGET.scope(container, run).await;
+                }
                 tool => {
                     let r = sb.tool(tool).await.map_err(|e| e.to_string());
                     return reply(w, SandboxReply::tool(sb.vm.phase().name(), r)).await;
                 }
             };
-            SandboxReply::new(sb.vm.phase().name(), result.map_err(|e| e.to_string()))
+            let mut answer =
+                SandboxReply::new(sb.vm.phase().name(), result.map_err(|e| e.to_string()));
+            if status {
+                answer.containers = sb.tool_containers();
+            }
+            answer
         }
     };
     reply(w, answer).await
+}
+
+/// A streamed `exec`: each piece of output as a [`ToolReply::Chunk`] line as
+/// it comes, then the final reply (its output empty). A caller that stops
+/// reading slows the command (the channel and its pipes fill); one that
+/// goes away has it killed.
+async fn stream_exec(
+    sb: &VmSandbox,
+    r: ExecRequest,
+    mut w: tokio::net::unix::OwnedWriteHalf,
+) -> std::io::Result<()> {
+    let (tx, mut rx) = mpsc::channel(8);
+    let run = sb.tool_exec_to(r, Sink::Stream(tx));
+    tokio::pin!(run);
+    let mut pieces = Pieces::default();
+    let mut write_failed = None;
+    let result = loop {
+        tokio::select! {
+            r = &mut run => break r,
+            Some((stream, data)) = rx.recv() => {
+                if write_failed.is_some() {
+                    continue;
+                }
+                if let Some(line) = pieces.line(sb.vm.phase().name(), stream, &data, false) {
+                    if let Err(e) = w.write_all(&line).await {
+                        // Stop the command (its sink is closed) and wait
+                        // for it to be cleaned up.
+                        rx.close();
+                        write_failed = Some(e);
+                    }
+                }
+            }
+        }
+    };
+    if let Some(e) = write_failed {
+        return Err(e);
+    }
+    while let Ok((stream, data)) = rx.try_recv() {
+        if let Some(line) = pieces.line(sb.vm.phase().name(), stream, &data, false) {
+            w.write_all(&line).await?;
+        }
+    }
+    for stream in [Stream::Stdout, Stream::Stderr] {
+        if let Some(line) = pieces.line(sb.vm.phase().name(), stream, &[], true) {
+            w.write_all(&line).await?;
+        }
+    }
+    let r = result.map(ToolReply::Exec).map_err(|e| e.to_string());
+    reply(w, SandboxReply::tool(sb.vm.phase().name(), r)).await
+}
+
+/// Output pieces as reply lines, each ending on a whole character: a
+/// character split between two reads waits for the next (at most 3 bytes
+/// per stream).
+#[derive(Default)]
+struct Pieces {
+    carry: [Vec<u8>; 2],
+}
+
+impl Pieces {
+    /// The line for `data` of `stream` (None: nothing to send yet); with
+    /// `last`, whatever is left, invalid bytes as U+FFFD.
+    fn line(&mut self, state: &str, stream: Stream, data: &[u8], last: bool) -> Option<Vec<u8>> {
+        let (k, name) = match stream {
+            Stream::Stdout => (0, "stdout"),
+            Stream::Stderr => (1, "stderr"),
+        };
+        let carry = &mut self.carry[k];
+        carry.extend_from_slice(data);
+        let keep = if last {
+            0
+        } else {
+            match std::str::from_utf8(carry) {
+                Err(e) if e.error_len().is_none() => carry.len() - e.valid_up_to(),
+                _ => 0,
+            }
+        };
+        let send: Vec<u8> = carry.drain(..carry.len() - keep).collect();
+        if send.is_empty() {
+            return None;
+        }
+        let chunk = ToolReply::Chunk(OutputChunk {
+            stream: name.into(),
+            data: String::from_utf8_lossy(&send).into_owned(),
+        });
+        Some(burrow_vmm_api::to_line(&SandboxReply::tool(
+            state,
+            Ok(chunk),
+        )))
+    }
 }
 
 async fn reply(
@@ -165,4 +277,57 @@ async fn reply(
 ) -> std::io::Result<()> {
     w.write_all(&burrow_vmm_api::to_line(&answer)).await?;
     w.shutdown().await
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// The chunk a line carries.
+    fn chunk(line: &[u8]) -> OutputChunk {
+        let r: SandboxReply = serde_json::from_slice(line).unwrap();
+        match r.tool {
+            Some(ToolReply::Chunk(c)) => c,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn pieces_end_on_whole_characters_per_stream() {
+        let mut p = Pieces::default();
+        let euro = "€".as_bytes();
+        let line = p
+            .line("running", Stream::Stdout, &[b'a', euro[0]], false)
+            .unwrap();
+        assert_eq!(
+            chunk(&line),
+            OutputChunk {
+                stream: "stdout".into(),
+                data: "a".into()
+            }
+        );
+        // The other stream is its own; the split character waits.
+        let line = p.line("running", Stream::Stderr, b"e", false).unwrap();
+        assert_eq!(chunk(&line).data, "e");
+        assert!(p
+            .line("running", Stream::Stdout, &euro[1..2], false)
+            .is_none());
+        let line = p
+            .line("running", Stream::Stdout, &euro[2..], false)
+            .unwrap();
+        assert_eq!(chunk(&line).data, "€");
+        // Invalid bytes mid-stream pass as U+FFFD; at the end, a cut
+        // character too.
+        let line = p
+            .line("running", Stream::Stdout, &[0xff, b'x'], false)
+            .unwrap();
+        assert_eq!(chunk(&line).data, "\u{fffd}x");
+        assert!(p
+            .line("running", Stream::Stdout, &euro[..1], false)
+            .is_none());
+        let line = p.line("running", Stream::Stdout, &[], true).unwrap();
+        assert_eq!(chunk(&line).data, "\u{fffd}");
+        assert!(p.line("running", Stream::Stderr, &[], true).is_none());
+    }
 }

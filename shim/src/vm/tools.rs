@@ -21,9 +21,65 @@ use super::agent::Agent;
 use super::VmSandbox;
 use crate::sandbox::{Result, SandboxError};
 use crate::tools::text::{replace_unique, LinePager};
+use crate::tools::Sink;
 
 /// Longest name or link target `ls` passes on.
 const MAX_NAME: usize = 4096;
+
+tokio::task_local! {
+    /// The container a tool request of the control socket names
+    /// ([`SandboxRequest::In`]): set while it runs.
+    pub(super) static TOOL_TARGET: String;
+}
+
+/// The container a tool request without a named one acts on, among
+/// `containers` (containerd id -> contents) of sandbox `sandbox` (its
+/// shim's id), or the one `target` names. A VM outside a pod runs one
+/// container; a CRI pod's runs its sandbox ("pause") container and its
+/// members: the pod's id means its only member, and with several the
+/// error lists them, as tools never act on the pause container unasked.
+fn pick(
+    containers: &std::collections::HashMap<String, super::checkpoint::Contents>,
+    sandbox: &str,
+    target: Option<&str>,
+) -> Result<(String, super::checkpoint::Contents)> {
+    let listed = || {
+        let mut ids: Vec<&str> = containers.keys().map(String::as_str).collect();
+        ids.sort_unstable();
+        ids.join(", ")
+    };
+    if let Some(t) = target {
+        return containers
+            .get_key_value(t)
+            .map(|(id, c)| (id.clone(), c.clone()))
+            .ok_or_else(|| {
+                SandboxError::NotFound(format!(
+                    "no container {t:?} in sandbox {sandbox:?} (it runs: {})",
+                    listed()
+                ))
+            });
+    }
+    let mut members: Vec<(&String, &super::checkpoint::Contents)> = containers
+        .iter()
+        .filter(|(_, c)| super::pod::role(&c.spec) != super::pod::Role::Sandbox)
+        .collect();
+    members.sort_by(|a, b| a.0.cmp(b.0));
+    match members.as_slice() {
+        [(id, c)] => Ok(((*id).clone(), (*c).clone())),
+        [] if containers.is_empty() => Err(SandboxError::FailedPrecondition(
+            "the sandbox has no container".into(),
+        )),
+        [] => Err(SandboxError::FailedPrecondition(format!(
+            "pod {sandbox:?} has no containers besides its sandbox ({}) yet; tools act on a pod's containers",
+            listed()
+        ))),
+        many => Err(SandboxError::FailedPrecondition(format!(
+            "pod {sandbox:?} runs {} containers: {}; address one by its container id",
+            many.len(),
+            many.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>().join(", ")
+        ))),
+    }
+}
 
 impl VmSandbox {
     /// Run tool request `req` (an error for the lifecycle requests).
@@ -47,23 +103,45 @@ impl VmSandbox {
         }
     }
 
-    /// The container the tools act on (a VM runs one) with its containerd
-    /// id, which exec needs ([`VmSandbox::the_container`] has the rest).
+    /// The container the tools act on, with its containerd id: the one
+    /// the request names ([`TOOL_TARGET`]), else the VM's only one (in a
+    /// CRI pod, its only container besides the pod's sandbox).
     fn tool_container(&self) -> Result<(String, super::checkpoint::Contents)> {
-        self.registry()
+        let target = TOOL_TARGET.try_with(Clone::clone).ok();
+        pick(&self.registry(), &self.sandbox_id(), target.as_deref())
+    }
+
+    /// The containers this VM runs (containerd ids), a CRI pod's sandbox
+    /// container first.
+    pub(super) fn tool_containers(&self) -> Vec<String> {
+        let reg = self.registry();
+        let mut ids: Vec<(bool, String)> = reg
             .iter()
-            .next()
-            .map(|(id, c)| (id.clone(), c.clone()))
-            .ok_or_else(|| SandboxError::FailedPrecondition("the sandbox has no container".into()))
+            .map(|(id, c)| {
+                (
+                    super::pod::role(&c.spec) != super::pod::Role::Sandbox,
+                    id.clone(),
+                )
+            })
+            .collect();
+        ids.sort();
+        ids.into_iter().map(|(_, id)| id).collect()
     }
 
     /// The agent (the VM woken if it sleeps) and the container's guest id.
     async fn tool_agent(&self) -> Result<(Agent, String)> {
-        let guest_id = self.the_container()?.guest_id;
+        let guest_id = self.tool_container()?.1.guest_id;
         Ok((self.awake_agent().await?, guest_id))
     }
 
     async fn tool_exec(&self, r: ExecRequest) -> Result<ExecOutput> {
+        let cap = r.output_cap();
+        self.tool_exec_to(r, Sink::Keep(cap)).await
+    }
+
+    /// Run `r` in the container, its output going to `sink` (streamed to
+    /// the control socket's caller, or kept for the reply).
+    pub(super) async fn tool_exec_to(&self, r: ExecRequest, sink: Sink) -> Result<ExecOutput> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let (id, c) = self.tool_container()?;
         let process = crate::tools::exec_process(c.spec.get("process"), &r)?;
@@ -73,7 +151,7 @@ impl VmSandbox {
             .upgrade()
             .ok_or_else(|| SandboxError::Unavailable("the sandbox is shutting down".into()))?;
         let exec_id = format!("burrow-tool-{}", NEXT.fetch_add(1, Ordering::Relaxed));
-        crate::tools::run_exec(me, &id, &exec_id, process, timeout, r.output_cap()).await
+        crate::tools::run_exec_to(me, &id, &exec_id, process, timeout, sink).await
     }
 
     /// Start `r` as a detached session: the agent keeps its output (the
@@ -248,4 +326,61 @@ pub(super) fn cut(mut s: String) -> String {
         s.truncate(at);
     }
     s
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::vm::checkpoint::Contents;
+    use crate::vm::rootfs::GuestRootfs;
+
+    fn contents(cri_type: Option<&str>) -> Contents {
+        let spec = match cri_type {
+            Some(t) => {
+                serde_json::json!({"annotations": {super::super::pod::CRI_CONTAINER_TYPE: t}})
+            }
+            None => serde_json::json!({}),
+        };
+        Contents {
+            guest_id: "g".into(),
+            rootfs: GuestRootfs {
+                disk: "/d".into(),
+                read_only: false,
+                fstype: "ext4".into(),
+                image: None,
+            },
+            spec,
+        }
+    }
+
+    #[test]
+    fn tools_act_on_the_named_container_or_the_only_one_never_the_pause() {
+        let id = |r: Result<(String, Contents)>| r.map(|(id, _)| id);
+        // One container outside a pod.
+        let mut m = HashMap::new();
+        m.insert("c1".to_string(), contents(None));
+        assert_eq!(id(pick(&m, "c1", None)).unwrap(), "c1");
+        assert!(pick(&HashMap::new(), "c1", None).is_err());
+        // A pod: the pause alone, then one member (the pod's id means it),
+        // then two (named, or an error listing them).
+        let mut pod = HashMap::new();
+        pod.insert("pod1".to_string(), contents(Some("sandbox")));
+        let e = pick(&pod, "pod1", None).unwrap_err().to_string();
+        assert!(e.contains("no containers besides its sandbox"), "{e}");
+        pod.insert("app".to_string(), contents(Some("container")));
+        assert_eq!(id(pick(&pod, "pod1", None)).unwrap(), "app");
+        pod.insert("side".to_string(), contents(Some("container")));
+        let e = pick(&pod, "pod1", None).unwrap_err().to_string();
+        assert!(
+            e.contains("runs 2 containers: app, side; address one by its container id"),
+            "{e}"
+        );
+        assert_eq!(id(pick(&pod, "pod1", Some("side"))).unwrap(), "side");
+        assert_eq!(id(pick(&pod, "pod1", Some("pod1"))).unwrap(), "pod1");
+        let e = pick(&pod, "pod1", Some("nope")).unwrap_err().to_string();
+        assert!(e.contains("(it runs: app, pod1, side)"), "{e}");
+    }
 }

@@ -76,6 +76,13 @@ pub enum SandboxRequest {
     Type(ElementRequest),
     /// A screenshot of the browser's page.
     Screenshot(ScreenshotRequest),
+    /// Tool request `request` for container `container` of a CRI pod's VM
+    /// (the pod's shim, addressed by the pod's sandbox id, serves all its
+    /// containers; `status` lists them).
+    In {
+        container: String,
+        request: Box<SandboxRequest>,
+    },
 }
 
 impl SandboxRequest {
@@ -97,6 +104,7 @@ impl SandboxRequest {
             Self::Click(_) => "click",
             Self::Type(_) => "type",
             Self::Screenshot(_) => "screenshot",
+            Self::In { request, .. } => request.name(),
         }
     }
 
@@ -106,6 +114,7 @@ impl SandboxRequest {
     pub fn reply_limit(&self) -> u64 {
         match self {
             Self::Exec(r) => MAX_REPLY.max((r.output_cap() as u64) * 2 * 6 + 64 * 1024),
+            Self::In { request, .. } => request.reply_limit(),
             _ => MAX_REPLY,
         }
     }
@@ -126,6 +135,10 @@ pub struct SandboxReply {
     /// A tool request's result.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool: Option<ToolReply>,
+    /// `status`: the containers this sandbox's VM runs (containerd ids; a
+    /// CRI pod's sandbox container first).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub containers: Vec<String>,
 }
 
 impl SandboxReply {
@@ -139,6 +152,7 @@ impl SandboxReply {
                 dir,
                 error: None,
                 tool: None,
+                containers: Vec::new(),
             },
             Err(e) => Self::failed(state, e),
         }
@@ -153,6 +167,7 @@ impl SandboxReply {
                 dir: None,
                 error: None,
                 tool: Some(t),
+                containers: Vec::new(),
             },
             Err(e) => Self::failed(state, e),
         }
@@ -165,6 +180,7 @@ impl SandboxReply {
             dir: None,
             error: Some(error),
             tool: None,
+            containers: Vec::new(),
         }
     }
 }
@@ -205,6 +221,7 @@ mod tests {
             env: vec!["A=1".into()],
             timeout_secs: 5,
             max_output: None,
+            ..Default::default()
         });
         let line = crate::to_line(&exec);
         assert_eq!(
@@ -232,6 +249,22 @@ mod tests {
         let back: SandboxReply =
             serde_json::from_str(&serde_json::to_string(&wrote).unwrap()).unwrap();
         assert_eq!(back, wrote);
+        // A pod member's request wraps the tool's.
+        let inner = SandboxRequest::Ls(LsRequest { path: "/".into() });
+        let wrapped = SandboxRequest::In {
+            container: "app".into(),
+            request: Box::new(inner.clone()),
+        };
+        let line = crate::to_line(&wrapped);
+        assert_eq!(
+            line,
+            b"{\"cmd\":\"in\",\"container\":\"app\",\"request\":{\"cmd\":\"ls\",\"path\":\"/\"}}\n"
+        );
+        assert_eq!(
+            serde_json::from_slice::<SandboxRequest>(&line).unwrap(),
+            wrapped
+        );
+        assert_eq!((wrapped.name(), wrapped.reply_limit()), ("ls", MAX_REPLY));
         assert_eq!(
             control_socket(Path::new("/run/burrow/default/s1")),
             PathBuf::from("/run/burrow/default/s1/control.sock")

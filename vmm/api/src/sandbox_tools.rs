@@ -54,7 +54,7 @@ pub const MAX_EXEC_TIMEOUT_SECS: u64 = 24 * 3600;
 pub const TIMED_OUT_STATUS: i32 = 124;
 
 /// Run a command in the sandbox's container and collect its output.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExecRequest {
     pub args: Vec<String>,
     /// Working directory in the container (default: the container's).
@@ -69,6 +69,33 @@ pub struct ExecRequest {
     /// [`MAX_EXEC_OUTPUT`], at most [`MAX_EXEC_OUTPUT_FULL`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_output: Option<u64>,
+    /// `exec` only: send the output as it comes, as [`OutputChunk`] reply
+    /// lines before the final one (whose [`ExecOutput`] then carries no
+    /// output). A shim that predates it answers with one line, the output
+    /// in it.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub stream: bool,
+    /// Run the command on a terminal (a PTY in the guest: stdout carries
+    /// both streams, with the terminal's line endings; no stdin).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub tty: bool,
+    /// The terminal's size, rows and columns (with `tty`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tty_size: Option<(u16, u16)>,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// A piece of a streamed `exec`'s output ([`ExecRequest::stream`]), in the
+/// order the command wrote it. Text: a character split between two reads
+/// waits for the next piece; bytes that are not UTF-8 arrive as U+FFFD.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputChunk {
+    /// `stdout` or `stderr`.
+    pub stream: String,
+    pub data: String,
 }
 
 impl ExecRequest {
@@ -340,6 +367,8 @@ pub enum ToolReply {
     Screenshot(ScreenshotOutput),
     Detach(SessionStarted),
     Attach(SessionOutput),
+    /// A piece of a streamed exec's output; more lines follow.
+    Chunk(OutputChunk),
 }
 
 /// A finished (or killed) command.
@@ -469,6 +498,7 @@ mod tests {
             env: vec![],
             timeout_secs: 1,
             max_output: None,
+            ..Default::default()
         };
         assert_eq!(r.output_cap(), MAX_EXEC_OUTPUT);
         r.max_output = Some(1);

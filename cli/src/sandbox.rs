@@ -165,12 +165,19 @@ fn phases(dir: &Path) -> String {
 mod tests {
     use super::*;
 
-    #[test]
-    fn command_round_trip_and_errors() {
+    /// A state dir holding sandbox default/s1 whose control socket the
+    /// test answers: the dir, the sandbox's dir, the listener.
+    fn sandbox_listening() -> (tempfile::TempDir, PathBuf, std::os::unix::net::UnixListener) {
         let d = tempfile::tempdir().unwrap();
         let sb = d.path().join("default").join("s1");
         std::fs::create_dir_all(&sb).unwrap();
         let l = std::os::unix::net::UnixListener::bind(control_socket(&sb)).unwrap();
+        (d, sb, l)
+    }
+
+    #[test]
+    fn command_round_trip_and_errors() {
+        let (d, sb, l) = sandbox_listening();
         let t = std::thread::spawn(move || {
             for reply in [
                 "{\"ok\":true,\"state\":\"asleep\"}\n",
@@ -209,10 +216,7 @@ mod tests {
 
     #[test]
     fn a_streamed_exec_hands_on_each_piece_then_returns_the_end() {
-        let d = tempfile::tempdir().unwrap();
-        let sb = d.path().join("default").join("s1");
-        std::fs::create_dir_all(&sb).unwrap();
-        let l = std::os::unix::net::UnixListener::bind(control_socket(&sb)).unwrap();
+        let (_d, sb, l) = sandbox_listening();
         let t = std::thread::spawn(move || {
             for lines in [
                 &[
@@ -220,7 +224,9 @@ mod tests {
                     r#"{"ok":true,"state":"running","tool":{"tool":"chunk","stream":"stderr","data":"oops\n"}}"#,
                     r#"{"ok":true,"state":"running","tool":{"tool":"exec","stdout":"","stderr":"","stdout_cut":0,"stderr_cut":0,"exit_code":7,"signal":null,"timed_out":false,"output_open":false}}"#,
                 ][..],
-                &[r#"{"ok":true,"state":"running","tool":{"tool":"chunk","stream":"stdout","data":"x"}}"#],
+                &[
+                    r#"{"ok":true,"state":"running","tool":{"tool":"chunk","stream":"stdout","data":"x"}}"#,
+                ],
                 &[r#"{"ok":false,"state":"running","error":"no such container"}"#],
             ] {
                 let (mut s, _) = l.accept().unwrap();

@@ -29,11 +29,10 @@ fn main() -> ExitCode {
     // SAFETY: umask has no memory-safety preconditions.
     unsafe { libc::umask(0o077) };
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
+        .with_env_filter(log_filter())
         .with_writer(|| burrow_vmm::capped::CappedLog)
+        // The log is a file the shim keeps, or a pipe: no colour codes.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     // The VMM never executes anything: no privileges to gain (issue 15).
     // SAFETY: prctl(PR_SET_NO_NEW_PRIVS) has no memory-safety preconditions.
@@ -55,6 +54,22 @@ fn main() -> ExitCode {
         },
         VmmCommand::Run(args) => run(*args),
     }
+}
+
+/// `RUST_LOG`, or warnings. virtio-queue's own errors repeat, once per
+/// notify, what a guest wrote into its rings; the transport already logs
+/// each such fault once with its count (`fault_log`), so they are off
+/// unless `RUST_LOG` names `virtio_queue`.
+fn log_filter() -> tracing_subscriber::EnvFilter {
+    let env = std::env::var("RUST_LOG").unwrap_or_default();
+    let base = if env.trim().is_empty() { "warn" } else { env.as_str() };
+    let spec = if base.contains("virtio_queue") {
+        base.to_string()
+    } else {
+        format!("{base},virtio_queue=off")
+    };
+    tracing_subscriber::EnvFilter::try_new(&spec)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,virtio_queue=off"))
 }
 
 /// Watch the parent: once it is gone (this process was handed to another),

@@ -274,7 +274,7 @@ impl MmioTransport {
             return;
         }
         if let Err(e) = self.device.process_queue(index) {
-            tracing::warn!(
+            crate::guest_warn!(
                 "virtio device {} queue {index}: {e}; device needs reset",
                 self.device.device_type()
             );
@@ -293,7 +293,7 @@ impl MmioTransport {
             && self.status & STATUS_FEATURES_OK == 0
             && self.acked_features & VIRTIO_F_VERSION_1 == 0
         {
-            tracing::warn!("driver did not accept VIRTIO_F_VERSION_1; refusing FEATURES_OK");
+            crate::guest_warn!("driver did not accept VIRTIO_F_VERSION_1; refusing FEATURES_OK");
             v &= !STATUS_FEATURES_OK;
         }
         self.status = v | (self.status & STATUS_NEEDS_RESET);
@@ -309,7 +309,7 @@ impl MmioTransport {
     fn activate(&mut self) {
         for (i, q) in self.queues.iter().enumerate() {
             if q.ready() && !q.is_valid(&self.mem) {
-                tracing::warn!("virtio queue {i} is invalid; not activating");
+                crate::guest_warn!("virtio queue {i} is invalid; not activating");
                 self.set_needs_reset();
                 return;
             }
@@ -322,7 +322,7 @@ impl MmioTransport {
         {
             Ok(q) => q,
             Err(e) => {
-                tracing::warn!("virtio queue state: {e}");
+                crate::guest_warn!("virtio queue state: {e}");
                 self.set_needs_reset();
                 return;
             }
@@ -333,7 +333,7 @@ impl MmioTransport {
             irq: self.irq.clone(),
             acked_features: self.acked_features,
         }) {
-            tracing::warn!(
+            crate::guest_warn!(
                 "virtio device {} activation failed: {e}",
                 self.device.device_type()
             );

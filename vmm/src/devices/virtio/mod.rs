@@ -6,6 +6,7 @@
 
 pub mod base;
 pub mod block;
+pub mod fault_log;
 pub mod fuzz;
 pub mod mmio;
 pub mod net;

@@ -155,7 +155,7 @@ impl Block {
                 Ok(req) => self.execute(&mem, &req),
                 Err(e) => {
                     self.base.errors += 1;
-                    tracing::warn!("virtio-blk: malformed request: {e}");
+                    crate::guest_warn!("virtio-blk: malformed request: {e}");
                     0
                 }
             };

@@ -195,7 +195,7 @@ impl Net {
                 }
                 Err(e) => {
                     self.base.errors += 1;
-                    tracing::warn!("virtio-net: malformed transmit chain: {e}");
+                    crate::guest_warn!("virtio-net: malformed transmit chain: {e}");
                 }
             }
             add_used(self.base.queue_mut(TXQ)?, &mem, head, 0)?;
@@ -272,7 +272,7 @@ impl Net {
                     chains.push((head, descs));
                 }
                 Err(e) => {
-                    tracing::warn!("virtio-net: malformed receive chain: {e}");
+                    crate::guest_warn!("virtio-net: malformed receive chain: {e}");
                     bad.push(head);
                 }
             }

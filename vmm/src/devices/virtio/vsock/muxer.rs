@@ -221,7 +221,7 @@ impl Muxer {
     fn push_ctrl(&mut self, h: Header) {
         if self.ctrl.len() >= MAX_CTRL_QUEUE {
             self.errors += 1;
-            tracing::warn!("vsock: control queue full (guest posts no RX buffers); dropping packet");
+            crate::guest_warn!("vsock: control queue full (guest posts no RX buffers); dropping packet");
             return;
         }
         self.ctrl.push_back(h);
@@ -348,7 +348,7 @@ impl Muxer {
             OP_RW if c.state == ConnState::Established => {
                 if c.pending_out.len() + data.len() > CONN_BUF_ALLOC as usize {
                     self.errors += 1;
-                    tracing::warn!("vsock: guest overran its credit on port {}", c.peer_port);
+                    crate::guest_warn!("vsock: guest overran its credit on port {}", c.peer_port);
                     self.reset(token);
                     return;
                 }
@@ -484,7 +484,7 @@ impl Muxer {
             match self._listener.accept() {
                 Ok((stream, _)) => {
                     if self.conns.len() + self.pending.len() >= MAX_CONNS {
-                        tracing::warn!("vsock: too many connections; refusing");
+                        crate::guest_warn!("vsock: too many connections; refusing");
                         continue;
                     }
                     let token = self.next_token;

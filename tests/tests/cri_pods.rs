@@ -294,6 +294,22 @@ fn burrow_pod_runs_its_containers_in_one_vm() {
     let e = cri.exec(&two, &["cat", "/only-two"]);
     assert_eq!(e.stdout.trim(), "two again", "{e:?}");
 
+    // A named checkpoint carries one container's disk: of a pod it is
+    // refused, saying why, with nothing written, and the pod runs on.
+    let state = cri.containerd.burrow_state().display().to_string();
+    let r = cri.containerd.burrow(&[
+        "sandbox", "--state-dir", &state, "-n", "k8s.io", "checkpoint", &pod.id, "cp1",
+    ]);
+    assert_ne!(r.code, Some(0), "{r:?}");
+    assert!(
+        r.stderr.contains("a pod cannot be checkpointed yet") && r.stderr.contains(&two),
+        "{r:?}"
+    );
+    let named = cri.containerd.snapshot_dir().join(".checkpoints").join("cp1");
+    assert!(!named.exists(), "{} left behind", named.display());
+    assert_eq!(pod_state(&cri, &pod.id), "running");
+    assert_eq!(boot_id(&cri, &ids[0]), a);
+
     cri.remove_pod(&pod.id);
     cri.containerd.assert_clean(CLEAN);
     assert!(!Path::new(&sock).exists());

@@ -57,7 +57,7 @@ impl VmSandbox {
     /// Refused, with the VM left running, when a link of the VM's memory
     /// size would take the sandbox over its disk limit.
     pub async fn hibernate(&self) -> Result<()> {
-        let c = self.the_container()?;
+        let c = self.a_container()?;
         if let Phase::Running(h) = self.vm.phase() {
             self.check_disk("a hibernation", h.memory_mib << 20)?;
         }

@@ -238,10 +238,32 @@ impl VmSandbox {
         self.containers.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The container the VM runs (one per VM for now).
+    /// A container the VM runs, for a hibernation's manifest (which
+    /// describes the VM; its disks stay where they are): the first id, so
+    /// that a pod's is the same each time.
+    fn a_container(&self) -> Result<Contents> {
+        let r = self.registry();
+        r.iter()
+            .min_by(|a, b| a.0.cmp(b.0))
+            .map(|(_, c)| c.clone())
+            .ok_or_else(|| SandboxError::FailedPrecondition("the sandbox has no container".into()))
+    }
+
+    /// The one container whose disk a checkpoint carries. A pod's VM with
+    /// more than one is refused: its checkpoint would hold one member's
+    /// disk and restore a VM whose other containers lost theirs.
     fn the_container(&self) -> Result<Contents> {
-        self.registry()
-            .values()
+        let r = self.registry();
+        if r.len() > 1 {
+            let mut ids: Vec<&str> = r.keys().map(String::as_str).collect();
+            ids.sort_unstable();
+            return Err(SandboxError::FailedPrecondition(format!(
+                "this VM runs a pod of {} containers ({}): a checkpoint carries one container's disk, so a pod cannot be checkpointed yet (hibernation keeps the whole pod)",
+                ids.len(),
+                ids.join(", ")
+            )));
+        }
+        r.values()
             .next()
             .cloned()
             .ok_or_else(|| SandboxError::FailedPrecondition("the sandbox has no container".into()))

@@ -4,6 +4,7 @@
 //! `tests.rs`. Events reach devices from the VMM's epoll loop (`vmm.rs`);
 //! there is no per-device event-handler layer.
 
+pub mod fuzz;
 pub mod i8042;
 pub mod serial;
 pub mod virtio;

@@ -3,6 +3,7 @@
 //! clock) state, and guest memory files.
 
 pub mod format;
+pub mod fuzz;
 pub mod kvm_serde;
 pub mod memory;
 pub mod microvm;

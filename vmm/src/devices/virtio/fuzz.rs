@@ -22,7 +22,7 @@ const DESC: u64 = 0x0;
 const AVAIL: u64 = 0x1000;
 const USED: u64 = 0x2000;
 
-fn scratch() -> &'static PathBuf {
+pub(crate) fn scratch() -> &'static PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let d = std::env::temp_dir().join(format!("burrow-fuzz-{}", std::process::id()));

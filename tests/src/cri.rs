@@ -432,6 +432,20 @@ impl Cri {
             });
     }
 
+    /// ContainerStatus of `id`: its state and exit code.
+    pub fn container_exit(&self, id: &str) -> (cri::ContainerState, i32) {
+        let req = cri::ContainerStatusRequest {
+            container_id: id.into(),
+            verbose: false,
+        };
+        let st = self
+            .call(|mut c| async move { c.container_status(req).await })
+            .unwrap_or_else(|e| panic!("ContainerStatus {id}: {e}"))
+            .status
+            .unwrap_or_else(|| panic!("ContainerStatus {id}: no status"));
+        (st.state(), st.exit_code)
+    }
+
     /// RemoveContainer `id`.
     pub fn remove_container(&self, id: &str) {
         let req = cri::RemoveContainerRequest {

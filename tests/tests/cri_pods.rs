@@ -572,7 +572,9 @@ fn fetch_from(cri: &Cri, id: &str, url: &str) -> String {
 /// by the other two (the pod has one network, under burrow the guest's,
 /// which the node's own loopback is not). Then bad input, each a clear
 /// CRI error that leaves the three running: an image that is not there, a
-/// relative working directory, a program the image lacks.
+/// relative working directory, a program the image lacks. And
+/// StopContainer's grace period, for a container that exits on SIGTERM
+/// and one that ignores it.
 fn three_containers_and_bad_input(cri: &Cri, handler: &str, port: u16) {
     let pod = cri.run_pod(&format!("three-{handler}"), handler);
     let serve = format!(
@@ -643,6 +645,38 @@ fn three_containers_and_bad_input(cri: &Cri, handler: &str, port: u16) {
     assert!(
         e.message().to_lowercase().contains("no such file"),
         "{handler}: {e:?}"
+    );
+
+    // StopContainer's grace period, as the kubelet uses it: a container
+    // that exits on SIGTERM ends with its own status, one that ignores it
+    // is killed (137) once the timeout has passed, never before; the
+    // others run on.
+    const GRACE: i64 = 3;
+    let stop = |name: &str, script: &str| {
+        let id = cri.create_container(&pod, name, &["sh", "-c", script]).unwrap();
+        cri.start_container(&id);
+        // The shell has set its trap once it has written the file.
+        let e = cri.exec(&id, &["sh", "-c", "while ! test -e /trapped; do sleep 0.1; done"]);
+        assert_eq!(e.code, 0, "{handler} {name}: {e:?}");
+        let asked = Instant::now();
+        cri.stop_container(&id, GRACE);
+        let (state, code) = cri.container_exit(&id);
+        assert_eq!(state, cri::ContainerState::ContainerExited, "{handler} {name}");
+        (code, asked.elapsed())
+    };
+    let (code, _) = stop(
+        "polite",
+        "trap 'exit 7' TERM; touch /trapped; while true; do sleep 1; done",
+    );
+    assert_eq!(code, 7, "{handler}: the container's own exit on SIGTERM");
+    let (code, took) = stop(
+        "stubborn",
+        "trap '' TERM; touch /trapped; while true; do sleep 1; done",
+    );
+    assert_eq!(code, 137, "{handler}: SIGKILL after the grace period");
+    assert!(
+        took >= Duration::from_secs(GRACE as u64) - Duration::from_millis(500),
+        "{handler}: killed after {took:?}, before the {GRACE} s grace period"
     );
 
     // The three are untouched.

@@ -521,9 +521,16 @@ impl VmSandbox {
         } else {
             files.disk.size()
         };
+        // A packed checkpoint's memory is unpacked beside the images until
+        // the VM runs.
+        let unpacking = if manifest.packed {
+            manifest.memory_mib << 20
+        } else {
+            0
+        };
         self.check_disk(
             &format!("the rootfs image of container {} (restored)", c.id),
-            disk_size,
+            disk_size.saturating_add(unpacking),
         )?;
         disk_budget::make_private_dir(&self.images)?;
         let img = self.image_path(&c.id);
@@ -541,9 +548,21 @@ impl VmSandbox {
                 spec: manifest.spec.clone(),
             },
         );
-        let unpacked = self.path("restore-vm");
+        // On disk with the images, not in the state directory: that is on
+        // /run, a tmpfs, where the memory file would stay in RAM for as
+        // long as the VMM maps it (unlinked, privately), beside the VM's
+        // own copy of every page the guest writes.
+        let unpacked = self.images.join("restore-vm");
         let vm_dir =
-            checkpoint::prepare_restore(dir, &manifest, &files, &state, &img, &unpacked).await?;
+            match checkpoint::prepare_restore(dir, &manifest, &files, &state, &img, &unpacked)
+                .await
+            {
+                Ok(d) => d,
+                Err(e) => {
+                    let _ = std::fs::remove_dir_all(&unpacked);
+                    return Err(e);
+                }
+            };
         let disk_ms = started.elapsed().as_millis();
         let args = self.vmm_args(
             cfg,

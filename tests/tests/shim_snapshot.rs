@@ -457,13 +457,38 @@ fn hibernate_stops_the_vmm_and_the_next_call_wakes_it_transparently() {
     assert!(!snap.exists(), "{} outlived its sandbox", snap.display());
     c.assert_clean(CLEAN);
 
-    // Hibernate on idle (annotation), woken by kill; a clean delete.
+    // Hibernate on idle (annotation), woken by kill; a clean delete. An
+    // exec that runs silently for longer than the idle time holds it off
+    // (asleep, the command would stop until something woke the VM): the
+    // sandbox stays awake until the command has finished.
     run_detached(
         &c,
-        &["-d", "--annotation", "io.burrow.hibernate_idle_secs=5"],
+        &["-d", "--annotation", "io.burrow.hibernate_idle_secs=8"],
         "t-idle",
         &["sh", "-c", COUNTER],
     );
+    std::thread::scope(|s| {
+        let silent = s.spawn(|| {
+            c.ctr(&[
+                "task", "exec", "--exec-id", "silent", "t-idle", "sh", "-c", "sleep 20; echo finished",
+            ])
+        });
+        while !silent.is_finished() {
+            let state = sandbox_state(&c, "t-idle");
+            assert!(
+                silent.is_finished() || state == "running",
+                "{state} while an exec runs\n{}",
+                c.diagnostics()
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        let r = silent.join().unwrap();
+        assert_eq!(
+            (r.code, r.stdout.trim()),
+            (Some(0), "finished"),
+            "{r:?}"
+        );
+    });
     let t = Instant::now();
     while sandbox_state(&c, "t-idle") != "asleep" {
         assert!(

@@ -19,6 +19,7 @@
 //!   verbs use it). It also takes the tool requests of `burrow exec|read|
 //!   write|ls|edit` ([`super::tools`]), which wake the VM first.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use burrow_vmm_api::sandbox_control::{SandboxReply, SandboxRequest};
@@ -44,6 +45,17 @@ impl VmSandbox {
     /// Record activity (resets the idle timer).
     pub(super) fn touch(&self) {
         *self.last_activity.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+    }
+
+    /// Hold off idle hibernation until the guard is dropped (then the
+    /// idle time counts from there).
+    pub(super) fn busy(&self) -> Busy<'_> {
+        self.busy.fetch_add(1, Ordering::SeqCst);
+        Busy(self)
+    }
+
+    fn is_busy(&self) -> bool {
+        self.busy.load(Ordering::SeqCst) > 0
     }
 
     fn idle_for(&self) -> Duration {
@@ -101,6 +113,16 @@ impl VmSandbox {
     }
 }
 
+/// Work in flight ([`VmSandbox::busy`]).
+pub(super) struct Busy<'a>(&'a VmSandbox);
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.busy.fetch_sub(1, Ordering::SeqCst);
+        self.0.touch();
+    }
+}
+
 async fn idle_timer(me: std::sync::Weak<VmSandbox>, idle: Duration) {
     let tick = Duration::from_secs(1).min(idle);
     loop {
@@ -109,7 +131,7 @@ async fn idle_timer(me: std::sync::Weak<VmSandbox>, idle: Duration) {
         match sb.vm.phase() {
             // The VM was stopped for good.
             Phase::Gone(_) => return,
-            Phase::Running(_) if sb.idle_for() >= idle => {
+            Phase::Running(_) if sb.idle_for() >= idle && !sb.is_busy() => {
                 tracing::info!("idle for {}s: hibernating", idle.as_secs());
                 if let Err(e) = sb.hibernate().await {
                     tracing::warn!("hibernate on idle: {e}");

@@ -88,6 +88,9 @@ pub struct VmSandbox {
     slots: pod::Slots,
     /// Last exec, stdio traffic or RPC (for hibernate-on-idle).
     last_activity: std::sync::Mutex<Instant>,
+    /// Work in flight that keeps it from hibernating on idle: exec'd
+    /// processes still running, tool calls not yet answered ([`hibernate::Busy`]).
+    busy: std::sync::atomic::AtomicUsize,
     /// Itself, for the tasks it spawns (idle timer, control socket).
     me: Weak<VmSandbox>,
 }
@@ -192,6 +195,7 @@ impl VmSandbox {
             containers: std::sync::Mutex::new(HashMap::new()),
             slots: pod::Slots::default(),
             last_activity: std::sync::Mutex::new(Instant::now()),
+            busy: std::sync::atomic::AtomicUsize::new(0),
             me: me.clone(),
         })
     }
@@ -767,6 +771,11 @@ impl Sandbox for VmSandbox {
     }
 
     async fn wait(&self, id: &str, exec_id: &str) -> Result<ExitStatus> {
+        // An exec'd process that runs keeps the sandbox from hibernating
+        // on idle, however long it stays silent (a build, a test run):
+        // asleep, it would stop until something woke the VM. The
+        // container's own init does not (it always runs).
+        let _busy = (!exec_id.is_empty()).then(|| self.busy());
         let gid = &self.gid(id);
         let r = self
             .vm

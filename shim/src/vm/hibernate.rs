@@ -17,7 +17,9 @@
 //!   `paused`, `snapshotting`, `asleep`, ...; with `"dir"` for a
 //!   checkpoint) or `{"ok":false,"error":"..."}` (the `burrow sandbox`
 //!   verbs use it). It also takes the tool requests of `burrow exec|read|
-//!   write|ls|edit` ([`super::tools`]), which wake the VM first.
+//!   write|ls|edit` ([`super::tools`]), which wake the VM first; an
+//!   interactive exec (`burrow exec -t|-i`) reads its caller's input lines
+//!   on the same connection ([`read_input`]).
 
 use std::time::{Duration, Instant};
 

@@ -14,10 +14,14 @@
 //!     -> {"ok":true,"state":"running","tool":{"tool":"detach","session":"s1","pid":42}}
 //! {"cmd":"attach","session":"s1","from":0,"wait_secs":10}
 //!     -> {..."tool":{"tool":"attach","output":"...","from":0,"next":812,"end":812,"done":false,...}}
+//! {"cmd":"exec","args":["sh"],...,"stream":true,"tty":true,"tty_size":[24,80],"stdin":true}
+//!     <- {"input":"data","data":"bHMNCg=="}  (more ExecInput lines up the same connection)
+//!     -> {..."tool":{"tool":"chunk","stream":"stdout","data":"","bytes":"..."}} ... then the exec result
 //! ```
 //!
 //! Text only: file contents and output travel as UTF-8 strings (output the
-//! guest wrote that is not UTF-8 arrives with U+FFFD in its place).
+//! guest wrote that is not UTF-8 arrives with U+FFFD in its place), except
+//! an interactive exec's input and output, which are bytes (base64).
 
 use serde::{Deserialize, Serialize};
 

@@ -154,7 +154,7 @@ impl OnPty {
                 "{what:?} never showed; the terminal showed {seen:?}\n{}",
                 c.diagnostics()
             );
-            std::thread::sleep(std::time::Duration::from_millis(50));
+            std::thread::sleep(std::time::Duration::from_millis(10));
         }
     }
 
@@ -208,8 +208,10 @@ fn interactive(c: &Containerd) {
     // terminal, not this one, which is raw) with its answer.
     let at = t.wait_for("# ", 0, c);
     let prompt_after = t0.elapsed();
+    let typed = std::time::Instant::now();
     t.type_in("echo $((6*7))\r");
     let at = t.wait_for("\r\n42\r\n", at, c);
+    let answered = typed.elapsed();
     t.type_in("stty size\r");
     let at = t.wait_for("\r\n33 77\r\n", at, c);
     // A resize of this terminal reaches the guest's (SIGWINCH).
@@ -234,7 +236,7 @@ fn interactive(c: &Containerd) {
     );
     t.assert_restored();
     eprintln!(
-        "interactive sh: prompt after {prompt_after:?}, ended after {:?} ({at} bytes shown)",
+        "interactive sh: prompt after {prompt_after:?}, a typed line answered after {answered:?}, ended after {:?} ({at} bytes shown)",
         t0.elapsed()
     );
 

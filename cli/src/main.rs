@@ -6,6 +6,7 @@ mod check;
 mod containerd_config;
 mod fork;
 mod install;
+mod interactive;
 mod mcp;
 mod sandbox;
 mod session;
@@ -320,6 +321,16 @@ mod tests {
         assert!(parse(&["exec", "c1", "--detach", "--attach", "s3"]).is_err());
         assert!(parse(&["exec", "c1", "-e", "NOEQ", "--", "true"]).is_err());
         assert!(parse(&["exec", "c1", "--timeout", "0", "--", "true"]).is_err());
+        // Interactive: -t and -i, alone or together as docker's -it.
+        let Command::Exec(a) = parse(&["exec", "-it", "c1", "--", "sh"]).unwrap() else {
+            panic!("not exec")
+        };
+        assert!(a.tty && a.interactive);
+        let Command::Exec(a) = parse(&["exec", "c1", "-i", "--", "sh"]).unwrap() else {
+            panic!("not exec")
+        };
+        assert!(a.interactive && !a.tty);
+        assert!(parse(&["exec", "c1", "-i", "--detach", "--", "sh"]).is_err());
 
         let Command::Read(r) =
             parse(&["read", "-n", "k8s", "c1", "/etc/passwd", "--lines", "501:"]).unwrap()

@@ -135,15 +135,58 @@ pub fn ask_stream(
             .tool
             .context("the shim answered without a result (is it older than this CLI?)")
     });
-    let mut entry = audit::entry(req, &result, start.elapsed(), std::time::SystemTime::now());
+    record(&dir, id, req, routed.is_some(), &result, start, streamed);
+    result
+}
+
+/// [`ask`] for an interactive `exec` ([`ExecRequest::stdin`]): this
+/// process's stdin relayed, its output written as it comes (see
+/// [`crate::interactive`]; `raw`: this terminal in raw mode meanwhile).
+/// The audit log counts the output in the result's size; what was typed
+/// is not logged.
+pub fn ask_interactive(
+    root: &std::path::Path,
+    namespace: &str,
+    id: &str,
+    req: &SandboxRequest,
+    timeout: Duration,
+    raw: bool,
+) -> Result<ToolReply> {
+    let (dir, routed) = route(root, namespace, id, req)?;
+    let start = std::time::Instant::now();
+    let mut streamed = 0u64;
+    let io = crate::interactive::Io::std();
+    let req_sent = routed.as_ref().unwrap_or(req);
+    let result = crate::interactive::run(&dir, req_sent, timeout, raw, io, &mut streamed)
+        .and_then(|reply| {
+            reply
+                .tool
+                .context("the shim answered without a result (is it older than this CLI?)")
+        });
+    record(&dir, id, req, routed.is_some(), &result, start, streamed);
+    result
+}
+
+/// Append tool request `req`'s `result` to the audit log in `dir` (`routed`:
+/// it went to container `id` of a pod; `streamed`: output bytes that came
+/// before the result).
+fn record(
+    dir: &std::path::Path,
+    id: &str,
+    req: &SandboxRequest,
+    routed: bool,
+    result: &Result<ToolReply>,
+    start: std::time::Instant,
+    streamed: u64,
+) {
+    let mut entry = audit::entry(req, result, start.elapsed(), std::time::SystemTime::now());
     entry.result_bytes += streamed;
-    if routed.is_some() {
+    if routed {
         entry.args["container"] = id.into();
     }
-    if let Err(e) = audit::append(&dir, &entry) {
+    if let Err(e) = audit::append(dir, &entry) {
         eprintln!("burrow: the audit log: {e:#}");
     }
-    result
 }
 
 #[derive(clap::Args, Debug)]
@@ -157,7 +200,7 @@ pub struct ExecArgs {
     #[arg(long = "env", short = 'e', value_parser = parse_env)]
     pub env: Vec<String>,
     /// Kill the command after this many seconds (exit status 124; default
-    /// 600, with --detach none).
+    /// 600, with --detach none, with -t or -i 86400).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=MAX_EXEC_TIMEOUT_SECS))]
     pub timeout: Option<u64>,
     /// Start the command as a detached session and print its id at once;
@@ -178,12 +221,17 @@ pub struct ExecArgs {
     /// (exit 0); 0 prints what there is now.
     #[arg(long, requires = "attach")]
     pub wait: Option<u64>,
-    /// Run the command on a terminal in the guest (a PTY: `tty` names it;
-    /// stdout carries both streams; sized as this terminal if stdout is
-    /// one). It has no stdin: a command that reads its terminal waits
-    /// until --timeout.
+    /// Run the command interactively on a terminal in the guest (a PTY:
+    /// `tty` names it; stdout carries both streams), as `docker exec -it`
+    /// does: this stdin goes to it (from a terminal raw, every key, ^C
+    /// included; the end of piped input is ^D), its terminal has this
+    /// one's size and follows its resizes, and TERM is this one's.
     #[arg(short = 't', long = "tty", conflicts_with_all = ["attach", "detach"])]
     pub tty: bool,
+    /// Relay this stdin to the command (without -t: on a pipe, closed when
+    /// this stdin ends).
+    #[arg(short = 'i', long = "interactive", conflicts_with_all = ["attach", "detach"])]
+    pub interactive: bool,
     /// The command and its arguments (after `--`).
     #[arg(
         required_unless_present = "attach",
@@ -247,20 +295,35 @@ pub fn exec(a: ExecArgs) -> Result<i32> {
     if let Some(session) = &a.attach {
         return crate::session::attach(&a.target, session, a.from.unwrap_or(0), a.wait);
     }
+    let interactive = a.tty || a.interactive;
     let timeout = a.timeout.unwrap_or(if a.detach {
         0
+    } else if interactive {
+        MAX_EXEC_TIMEOUT_SECS
     } else {
         DEFAULT_EXEC_TIMEOUT_SECS
     });
+    let mut env = a.env;
+    if a.tty {
+        let local = std::env::var("TERM").ok();
+        if let Some(term) = term_env(&env, local.as_deref()) {
+            env.push(term);
+        }
+    }
     let req = ExecRequest {
         args: a.cmd,
         cwd: a.cwd,
-        env: a.env,
+        env,
         timeout_secs: timeout,
         max_output: None,
         stream: !a.detach,
         tty: a.tty,
-        tty_size: if a.tty { terminal_size() } else { None },
+        tty_size: if a.tty {
+            crate::interactive::local_size()
+        } else {
+            None
+        },
+        stdin: interactive,
     };
     if a.detach {
         return crate::session::detach(&a.target, req);
@@ -272,19 +335,34 @@ pub fn exec(a: ExecArgs) -> Result<i32> {
         .state_dir
         .clone()
         .unwrap_or_else(sandbox::state_dir_from_config);
-    // The output as it comes: each piece written and flushed at once.
-    let reply = ask_stream(&root, &a.target.namespace, &a.target.id, &req, limit, |c| {
-        if c.stream == "stderr" {
-            let mut err = std::io::stderr().lock();
-            err.write_all(c.data.as_bytes())?;
-            err.flush()?;
-        } else {
-            let mut out = std::io::stdout().lock();
-            out.write_all(c.data.as_bytes())?;
-            out.flush()?;
+    let (ns, id) = (&a.target.namespace, &a.target.id);
+    let reply = if interactive {
+        let raw = a.tty && crate::interactive::is_terminal(libc::STDIN_FILENO);
+        match ask_interactive(&root, ns, id, &req, limit, raw) {
+            Err(e) => match e.downcast_ref::<crate::interactive::Interrupted>() {
+                Some(crate::interactive::Interrupted(sig)) => {
+                    eprintln!("burrow: {e}");
+                    return Ok(128 + sig);
+                }
+                None => return Err(e),
+            },
+            Ok(reply) => reply,
         }
-        Ok(())
-    })?;
+    } else {
+        // The output as it comes: each piece written and flushed at once.
+        ask_stream(&root, ns, id, &req, limit, |c| {
+            if c.stream == "stderr" {
+                let mut err = std::io::stderr().lock();
+                err.write_all(c.data.as_bytes())?;
+                err.flush()?;
+            } else {
+                let mut out = std::io::stdout().lock();
+                out.write_all(c.data.as_bytes())?;
+                out.flush()?;
+            }
+            Ok(())
+        })?
+    };
     let ToolReply::Exec(out) = reply else {
         bail!("the shim answered exec with another tool's result");
     };
@@ -299,14 +377,15 @@ pub fn exec(a: ExecArgs) -> Result<i32> {
     Ok(out.status())
 }
 
-/// This terminal's size (rows, columns), if stdout is one.
-fn terminal_size() -> Option<(u16, u16)> {
-    // SAFETY: TIOCGWINSZ writes one winsize into `ws`, which lives across
-    // the call; a non-terminal fails with ENOTTY and leaves it alone.
-    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
-    // SAFETY: see above.
-    let rc = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut ws) };
-    (rc == 0 && ws.ws_row > 0 && ws.ws_col > 0).then_some((ws.ws_row, ws.ws_col))
+/// The TERM entry `exec -t` adds to `env`: this terminal's (`local`), so
+/// that what runs on the guest's terminal speaks this one's language;
+/// none when the caller set TERM or there is none here.
+fn term_env(env: &[String], local: Option<&str>) -> Option<String> {
+    let set = env.iter().any(|kv| kv.starts_with("TERM="));
+    match local {
+        Some(t) if !set && !t.is_empty() => Some(format!("TERM={t}")),
+        _ => None,
+    }
 }
 
 /// What `exec` says about its output and status besides the output (each
@@ -550,6 +629,17 @@ mod tests {
             "there is no sandbox \"nosuch\" in namespace \"default\""
         );
         t.join().unwrap();
+    }
+
+    #[test]
+    fn exec_t_passes_this_terminals_term_unless_given_one() {
+        assert_eq!(
+            term_env(&["A=1".into()], Some("xterm-256color")),
+            Some("TERM=xterm-256color".into())
+        );
+        assert_eq!(term_env(&["TERM=dumb".into()], Some("xterm")), None);
+        assert_eq!(term_env(&[], None), None);
+        assert_eq!(term_env(&[], Some("")), None);
     }
 
     #[test]

@@ -125,8 +125,8 @@ pub async fn pump_output(
 
 /// Hand `data` to the process's stdin completely, waiting while the guest's
 /// buffer is full.
-async fn forward(
-    sandbox: &dyn Sandbox,
+pub(crate) async fn forward<S: Sandbox + ?Sized>(
+    sandbox: &S,
     id: &str,
     exec_id: &str,
     mut data: &[u8],

@@ -52,6 +52,244 @@ fn ok(c: &Containerd, what: &str, r: &Run) {
     assert_eq!(r.code, Some(0), "{what}: {r:?}\n{}", c.diagnostics());
 }
 
+/// `burrow exec -t ID ARGS...` on a pseudo-terminal of its own (its
+/// controlling terminal, `rows`x`cols`), as a user's shell runs it.
+struct OnPty {
+    child: std::process::Child,
+    master: std::fs::File,
+    /// The terminal's other end, kept to look at its settings.
+    slave: std::os::fd::OwnedFd,
+    /// Everything the terminal showed so far.
+    seen: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    /// The terminal's local modes before burrow ran.
+    cooked: libc::tcflag_t,
+}
+
+fn winsize(rows: u16, cols: u16) -> libc::winsize {
+    libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    }
+}
+
+fn lflag(fd: &std::os::fd::OwnedFd) -> libc::tcflag_t {
+    use std::os::fd::AsRawFd;
+    // SAFETY: tcgetattr writes one termios into `t`, which outlives it.
+    let mut t: libc::termios = unsafe { std::mem::zeroed() };
+    // SAFETY: see above.
+    assert_eq!(unsafe { libc::tcgetattr(fd.as_raw_fd(), &mut t) }, 0);
+    t.c_lflag
+}
+
+impl OnPty {
+    fn spawn(c: &Containerd, args: &[&str], rows: u16, cols: u16) -> Self {
+        use std::os::fd::{FromRawFd, OwnedFd};
+        use std::os::unix::process::CommandExt;
+        let (mut m, mut s) = (0, 0);
+        let ws = winsize(rows, cols);
+        // SAFETY: openpty writes two new fds into m and s and reads `ws`.
+        let rc = unsafe {
+            libc::openpty(&mut m, &mut s, std::ptr::null_mut(), std::ptr::null(), &ws)
+        };
+        assert_eq!(rc, 0, "openpty: {}", std::io::Error::last_os_error());
+        // SAFETY: openpty made them; nothing else owns them.
+        let (master, slave) = unsafe { (std::fs::File::from_raw_fd(m), OwnedFd::from_raw_fd(s)) };
+        let cooked = lflag(&slave);
+        let io = || std::process::Stdio::from(slave.try_clone().unwrap());
+        let mut cmd = std::process::Command::new(burrow_tests::workspace_bin("burrow"));
+        cmd.args(["exec", "-t", ID])
+            .args(args)
+            .env("BURROW_CONFIG", c.dir().join("burrow.toml"))
+            .env("TERM", "xterm")
+            .stdin(io())
+            .stdout(io())
+            .stderr(io());
+        // SAFETY: setsid and ioctl are async-signal-safe; the child makes
+        // the terminal (its stdin) its controlling one, so that a resize
+        // sends it SIGWINCH as a user's terminal would.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().unwrap();
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (mut r, into) = (master.try_clone().unwrap(), seen.clone());
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            // Ends with EIO once no one holds the terminal.
+            while let Ok(n @ 1..) = std::io::Read::read(&mut r, &mut buf) {
+                into.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        });
+        Self {
+            child,
+            master,
+            slave,
+            seen,
+            cooked,
+        }
+    }
+
+    fn seen(&self) -> String {
+        String::from_utf8_lossy(&self.seen.lock().unwrap()).into_owned()
+    }
+
+    /// Wait until the terminal showed `what` (after `from` bytes of it);
+    /// where it ends.
+    fn wait_for(&self, what: &str, from: usize, c: &Containerd) -> usize {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        loop {
+            let seen = self.seen();
+            if let Some(at) = seen.get(from..).and_then(|s| s.find(what)) {
+                return from + at + what.len();
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{what:?} never showed; the terminal showed {seen:?}\n{}",
+                c.diagnostics()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
+    fn type_in(&mut self, keys: &str) {
+        std::io::Write::write_all(&mut self.master, keys.as_bytes()).unwrap();
+    }
+
+    fn resize(&self, rows: u16, cols: u16) {
+        use std::os::fd::AsRawFd;
+        let ws = winsize(rows, cols);
+        // SAFETY: TIOCSWINSZ reads the winsize we pass.
+        let rc = unsafe { libc::ioctl(self.master.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
+        assert_eq!(rc, 0);
+    }
+
+    /// burrow's exit status (within `limit`).
+    fn wait(&mut self, limit: std::time::Duration) -> Option<i32> {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return st.code().or_else(|| {
+                    std::os::unix::process::ExitStatusExt::signal(&st).map(|s| 128 + s)
+                });
+            }
+            if std::time::Instant::now() >= deadline {
+                let _ = self.child.kill();
+                panic!("burrow exec -t did not end; the terminal showed {:?}", self.seen());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
+    /// The terminal is back as it was before burrow ran (not raw).
+    fn assert_restored(&self) {
+        let l = lflag(&self.slave);
+        assert_eq!(l, self.cooked, "the terminal was left changed");
+        assert_ne!(l & libc::ICANON, 0);
+        assert_ne!(l & libc::ECHO, 0);
+    }
+}
+
+/// `burrow exec -t` and `-i` are interactive: an `sh` in the guest typed
+/// into from a real terminal here (its echo, its answers, the terminal's
+/// size and a resize, its exit status as burrow's, the terminal restored);
+/// SIGTERM to burrow restores the terminal and stops the command; piped
+/// stdin reaches a pipe (`-i`) or the terminal (`-t`, whose end is ^D).
+fn interactive(c: &Containerd) {
+    let t0 = std::time::Instant::now();
+    let mut t = OnPty::spawn(c, &["--", "sh"], 33, 77);
+    // The prompt, then the typed line comes back (echoed by the guest's
+    // terminal, not this one, which is raw) with its answer.
+    let at = t.wait_for("# ", 0, c);
+    let prompt_after = t0.elapsed();
+    let typed = std::time::Instant::now();
+    t.type_in("echo $((6*7))\r");
+    let at = t.wait_for("\r\n42\r\n", at, c);
+    let answered = typed.elapsed();
+    t.type_in("stty size\r");
+    let at = t.wait_for("\r\n33 77\r\n", at, c);
+    // A resize of this terminal reaches the guest's (SIGWINCH).
+    t.resize(40, 100);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    t.type_in("stty size\r");
+    let at = t.wait_for("\r\n40 100\r\n", at, c);
+    // ^C reaches the guest's terminal as a key: it interrupts the
+    // foreground command there, not burrow.
+    t.type_in("sleep 1000\r");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    t.type_in("\x03");
+    t.type_in("echo after-$((1+1))\r");
+    let at = t.wait_for("after-2\r\n", at, c);
+    t.type_in("exit 3\r");
+    assert_eq!(
+        t.wait(std::time::Duration::from_secs(120)),
+        Some(3),
+        "the shell's exit status; the terminal showed {:?}\n{}",
+        t.seen(),
+        c.diagnostics()
+    );
+    t.assert_restored();
+    eprintln!(
+        "interactive sh: prompt after {prompt_after:?}, a typed line answered after {answered:?}, ended after {:?} ({at} bytes shown)",
+        t0.elapsed()
+    );
+
+    // SIGTERM to burrow: the terminal is restored, burrow exits 128+15,
+    // and the command in the guest is stopped.
+    let mut t = OnPty::spawn(c, &["--", "sh", "-c", "echo ready; exec sleep 4242"], 24, 80);
+    t.wait_for("ready\r\n", 0, c);
+    // SAFETY: kill(2) of our own child.
+    assert_eq!(unsafe { libc::kill(t.child.id() as i32, libc::SIGTERM) }, 0);
+    assert_eq!(t.wait(std::time::Duration::from_secs(60)), Some(143));
+    t.assert_restored();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let r = exec(c, &["--", "ps"]);
+        ok(c, "ps", &r);
+        if !r.stdout.contains("sleep 4242") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the command outlived its interrupted caller: {r:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+
+    // -i: piped stdin on a pipe, whose end closes the command's stdin.
+    let r = c.burrow_with(&["exec", "-i", ID, "--", "sh"], Some(b"echo hi\nexit 5\n"));
+    assert_eq!(r.code, Some(5), "{r:?}\n{}", c.diagnostics());
+    assert_eq!(r.stdout, "hi\n", "{r:?}");
+    let r = c.burrow_with(&["exec", "-i", ID, "--", "wc", "-c"], Some(&[b'x'; 100_000]));
+    ok(c, "exec -i wc -c", &r);
+    assert_eq!(r.stdout.trim(), "100000", "{r:?}");
+    // -t with piped stdin: it goes to the guest's terminal (echoed there),
+    // and its end is ^D there: a read of the terminal sees its end.
+    let r = c.burrow_with(
+        &[
+            "exec",
+            "-t",
+            ID,
+            "--",
+            "sh",
+            "-c",
+            "read a; echo got-$a; read b || echo eof-$b",
+        ],
+        Some(b"one\n"),
+    );
+    ok(c, "exec -t with piped stdin", &r);
+    assert!(
+        r.stdout.contains("got-one\r\n") && r.stdout.contains("eof-\r\n"),
+        "{r:?}"
+    );
+}
+
 #[test]
 fn cli_tools_exec_files_edit_paging_and_wake_from_hibernation() {
     let c = Containerd::nested("cli-tools");
@@ -136,6 +374,7 @@ fn cli_tools_exec_files_edit_paging_and_wake_from_hibernation() {
     );
     let r = exec(&c, &["--", "sh", "-c", "tty || true"]);
     assert_eq!(r.stdout, "not a tty\n", "without -t no terminal: {r:?}");
+    interactive(&c);
     // A command past its timeout is killed: status 124, its output so far.
     let r = exec(
         &c,

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use burrow_vmm_api::sandbox_tools::{ExecOutput, ExecRequest};
+use burrow_vmm_api::sandbox_tools::{ExecInput, ExecOutput, ExecRequest};
 
 use crate::sandbox::{ExecConfig, ExitStatus, Result, Sandbox, SandboxError, Stream};
 use text::Capped;
@@ -102,11 +102,12 @@ pub async fn run_exec<S: Sandbox + ?Sized>(
     timeout: Duration,
     cap: usize,
 ) -> Result<ExecOutput> {
-    run_exec_to(sb, id, exec_id, process, timeout, Sink::Keep(cap)).await
+    run_exec_to(sb, id, exec_id, process, timeout, Sink::Keep(cap), None).await
 }
 
 /// [`run_exec`] with the output going to `sink`; with [`Sink::Stream`]
-/// the result carries no output.
+/// the result carries no output. With `input`, the command gets a stdin
+/// (on its terminal, if it has one) fed from it ([`feed`]).
 pub async fn run_exec_to<S: Sandbox + ?Sized>(
     sb: Arc<S>,
     id: &str,
@@ -114,12 +115,23 @@ pub async fn run_exec_to<S: Sandbox + ?Sized>(
     process: serde_json::Value,
     timeout: Duration,
     sink: Sink,
+    input: Option<mpsc::Receiver<ExecInput>>,
 ) -> Result<ExecOutput> {
+    let tty = process.get("terminal").and_then(|t| t.as_bool()) == Some(true);
     let cfg = ExecConfig {
         process,
-        stdin: false,
+        stdin: input.is_some(),
     };
     sb.exec_process(id, exec_id, &cfg).await?;
+    let feeder = input.map(|rx| {
+        tokio::spawn(feed(
+            sb.clone(),
+            id.to_string(),
+            exec_id.to_string(),
+            tty,
+            rx,
+        ))
+    });
     let cap = match &sink {
         Sink::Keep(cap) => *cap,
         Sink::Stream(_) => 0,
@@ -162,6 +174,9 @@ pub async fn run_exec_to<S: Sandbox + ?Sized>(
         }
     };
     drop(sink);
+    if let Some(f) = feeder {
+        f.abort();
+    }
     let status = match waited {
         Ok(st) => st,
         Err(_) => {
@@ -217,6 +232,52 @@ pub async fn run_exec_to<S: Sandbox + ?Sized>(
         timed_out,
         output_open: !complete,
     })
+}
+
+/// Feed an interactive command its caller's `input` until the command
+/// ends (the task is aborted then): data to its stdin, whole, waiting
+/// while the guest's buffer is full (so a flood waits in the bounded
+/// channel and the caller's socket, not in memory); resizes to its
+/// terminal; the end of input as the terminal's EOF character on a
+/// terminal (after a partial line twice: the first ends the line), else by
+/// closing its stdin. Once its stdin is gone, later data is dropped.
+async fn feed<S: Sandbox + ?Sized>(
+    sb: Arc<S>,
+    id: String,
+    exec_id: String,
+    tty: bool,
+    mut input: mpsc::Receiver<ExecInput>,
+) {
+    let mut open = true;
+    let mut line_start = true;
+    while let Some(i) = input.recv().await {
+        let to_stdin = !matches!(i, ExecInput::Resize { .. });
+        let eof = matches!(i, ExecInput::Eof);
+        let r = match i {
+            ExecInput::Data { data } if open && !data.is_empty() => {
+                line_start = matches!(data.last(), Some(b'\n' | b'\r'));
+                crate::stdio::forward(&*sb, &id, &exec_id, &data).await
+            }
+            ExecInput::Resize { rows, cols } if tty => {
+                sb.resize_pty(&id, &exec_id, rows.into(), cols.into())
+                    .await
+            }
+            ExecInput::Eof if open && tty => {
+                let eof: &[u8] = if line_start { b"\x04" } else { b"\x04\x04" };
+                crate::stdio::forward(&*sb, &id, &exec_id, eof).await
+            }
+            ExecInput::Eof if open => sb.close_stdin(&id, &exec_id).await,
+            _ => Ok(()),
+        };
+        match r {
+            Err(e) if to_stdin => {
+                tracing::debug!("{id}/{exec_id}: stdin: {e}; dropping further input");
+                open = false;
+            }
+            Err(e) => tracing::debug!("{id}/{exec_id}: resize: {e}"),
+            Ok(()) => open &= !eof,
+        }
+    }
 }
 
 /// Read one output stream of a process into `buf` (or pass it on to `tx`)
@@ -370,6 +431,7 @@ mod tests {
             p,
             Duration::from_secs(5),
             Sink::Stream(tx),
+            None,
         )
         .await
         .unwrap();
@@ -391,6 +453,7 @@ mod tests {
             p,
             Duration::from_secs(30),
             Sink::Stream(tx),
+            None,
         )
         .await
         .unwrap();
@@ -409,5 +472,72 @@ mod tests {
             "{:?}",
             sb.calls()
         );
+    }
+
+    /// Run `r` in the fake's container c1 as exec `exec_id`, streaming,
+    /// with `input` sent to it: its result and its stdout.
+    async fn run_fed(
+        sb: &Arc<FakeSandbox>,
+        exec_id: &str,
+        r: &ExecRequest,
+        input: Vec<ExecInput>,
+        limit: Duration,
+    ) -> (ExecOutput, Vec<u8>) {
+        let (tx, mut rx) = mpsc::channel(8);
+        let (in_tx, in_rx) = mpsc::channel(2);
+        tokio::spawn(async move {
+            for i in input {
+                in_tx.send(i).await.unwrap();
+            }
+            // The caller stays connected until the command ends.
+            in_tx.closed().await;
+        });
+        let p = exec_process(None, r).unwrap();
+        let run = run_exec_to(sb.clone(), "c1", exec_id, p, limit, Sink::Stream(tx), Some(in_rx));
+        let collect = async {
+            let mut got = Vec::new();
+            while let Some((_, data)) = rx.recv().await {
+                got.extend(data);
+            }
+            got
+        };
+        let (out, got) = tokio::join!(run, collect);
+        (out.unwrap(), got)
+    }
+
+    #[tokio::test]
+    async fn an_interactive_exec_gets_its_input_whole_then_its_end() {
+        let sb = fake().await;
+        let data = |d: &[u8]| ExecInput::Data { data: d.to_vec() };
+        // A pipe: the data in order (the fake takes 3 bytes a call), a
+        // resize ignored (no terminal), the end closes stdin: cat exits 0.
+        let input = vec![
+            data(b"hello "),
+            ExecInput::Resize { rows: 40, cols: 120 },
+            data(b"world\n"),
+            ExecInput::Eof,
+            data(b"dropped"),
+        ];
+        let (out, got) = run_fed(&sb, "i1", &req(&["cat"]), input, Duration::from_secs(5)).await;
+        assert_eq!((out.status(), out.timed_out), (0, false), "{out:?}");
+        assert_eq!(got, b"hello world\n");
+        let calls = sb.calls();
+        assert!(calls.contains(&"close_stdin c1/i1".to_string()), "{calls:?}");
+        assert!(!calls.iter().any(|c| c.starts_with("resize")), "{calls:?}");
+        // A terminal: resizes reach it, and the end of input is ^D (twice
+        // after a partial line); the command decides what that means.
+        let mut r = req(&["cat"]);
+        r.tty = true;
+        let input = vec![
+            data(b"ab"),
+            ExecInput::Resize { rows: 40, cols: 120 },
+            ExecInput::Eof,
+        ];
+        let (out, got) = run_fed(&sb, "i2", &r, input, Duration::from_millis(500)).await;
+        assert!(out.timed_out, "cat on a terminal ignores ^D here: {out:?}");
+        assert_eq!(got, b"ab\x04\x04");
+        let calls = sb.calls();
+        assert!(calls.contains(&"resize 40x120 c1/i2".to_string()), "{calls:?}");
+        assert!(!calls.contains(&"close_stdin c1/i2".to_string()), "{calls:?}");
     }
 }

@@ -17,13 +17,17 @@
 //!   `paused`, `snapshotting`, `asleep`, ...; with `"dir"` for a
 //!   checkpoint) or `{"ok":false,"error":"..."}` (the `burrow sandbox`
 //!   verbs use it). It also takes the tool requests of `burrow exec|read|
-//!   write|ls|edit` ([`super::tools`]), which wake the VM first.
+//!   write|ls|edit` ([`super::tools`]), which wake the VM first; an
+//!   interactive exec (`burrow exec -t|-i`) reads its caller's input lines
+//!   on the same connection ([`read_input`]).
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use burrow_vmm_api::sandbox_control::{SandboxReply, SandboxRequest};
-use burrow_vmm_api::sandbox_tools::{ExecRequest, OutputChunk, ToolReply};
+use burrow_vmm_api::sandbox_tools::{
+    ExecInput, ExecRequest, OutputChunk, ToolReply, MAX_INPUT_LINE,
+};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
@@ -155,12 +159,15 @@ async fn serve_control(me: std::sync::Weak<VmSandbox>, l: UnixListener) {
     }
 }
 
+/// The control connection's read side after its request line: an
+/// interactive exec's input lines follow.
+type ControlReader = BufReader<tokio::io::Take<tokio::net::unix::OwnedReadHalf>>;
+
 async fn handle_control(sb: &VmSandbox, s: UnixStream) -> std::io::Result<()> {
     let (r, w) = s.into_split();
     let mut line = String::new();
-    BufReader::new(r.take(MAX_REQUEST))
-        .read_line(&mut line)
-        .await?;
+    let mut rd: ControlReader = BufReader::new(r.take(MAX_REQUEST));
+    rd.read_line(&mut line).await?;
     let answer = match serde_json::from_str::<SandboxRequest>(line.trim()) {
         Err(_) if !line.ends_with('\n') && line.len() as u64 >= MAX_REQUEST => SandboxReply::new(
             sb.vm.phase().name(),
@@ -174,11 +181,13 @@ async fn handle_control(sb: &VmSandbox, s: UnixStream) -> std::io::Result<()> {
                 SandboxRequest::Wake => sb.wake().await.map(|()| None),
                 SandboxRequest::Status => Ok(None),
                 SandboxRequest::Checkpoint { name } => sb.checkpoint_named(&name).await.map(Some),
-                SandboxRequest::Exec(r) if r.stream => return stream_exec(sb, r, w).await,
+                SandboxRequest::Exec(r) if r.stream => return stream_exec(sb, r, w, rd).await,
                 SandboxRequest::In { container, request } => {
                     let run = async {
                         match *request {
-                            SandboxRequest::Exec(r) if r.stream => stream_exec(sb, r, w).await,
+                            SandboxRequest::Exec(r) if r.stream => {
+                                stream_exec(sb, r, w, rd).await
+                            }
                             tool => {
                                 let r = sb.tool(tool).await.map_err(|e| e.to_string());
                                 reply(w, SandboxReply::tool(sb.vm.phase().name(), r)).await
@@ -206,25 +215,51 @@ async fn handle_control(sb: &VmSandbox, s: UnixStream) -> std::io::Result<()> {
 /// A streamed `exec`: each piece of output as a [`ToolReply::Chunk`] line as
 /// it comes, then the final reply (its output empty). A caller that stops
 /// reading slows the command (the channel and its pipes fill); one that
-/// goes away has it killed.
+/// goes away has it killed. An interactive one ([`ExecRequest::stdin`])
+/// also reads the caller's input lines from `rd` ([`read_input`]), and its
+/// chunks carry raw bytes.
 async fn stream_exec(
     sb: &VmSandbox,
     r: ExecRequest,
     mut w: tokio::net::unix::OwnedWriteHalf,
+    rd: ControlReader,
 ) -> std::io::Result<()> {
     let (tx, mut rx) = mpsc::channel(8);
-    let run = sb.tool_exec_to(r, Sink::Stream(tx));
+    let raw = r.stdin;
+    let (reader, input) = if raw {
+        let (in_tx, in_rx) = mpsc::channel(INPUT_QUEUE);
+        (Some(tokio::spawn(read_input(rd, in_tx))), Some(in_rx))
+    } else {
+        (None, None)
+    };
+    // Aborted however this ends (it holds the connection's read side).
+    let _reader_guard = reader.as_ref().map(|r| AbortOnDrop(r.abort_handle()));
+    let mut reader_done = reader;
+    let run = sb.tool_exec_to(r, Sink::Stream(tx), input);
     tokio::pin!(run);
     let mut pieces = Pieces::default();
     let mut write_failed = None;
     let result = loop {
         tokio::select! {
             r = &mut run => break r,
+            why = async { reader_done.as_mut()?.await.ok() }, if reader_done.is_some() => {
+                reader_done = None;
+                if let Some(why) = why.flatten() {
+                    // Stop the command (its sink is closed).
+                    tracing::info!("interactive exec: the caller's input {why}: stopping the command");
+                    rx.close();
+                }
+            }
             Some((stream, data)) = rx.recv() => {
                 if write_failed.is_some() {
                     continue;
                 }
-                if let Some(line) = pieces.line(sb.vm.phase().name(), stream, &data, false) {
+                let line = if raw {
+                    raw_line(sb.vm.phase().name(), stream, data)
+                } else {
+                    pieces.line(sb.vm.phase().name(), stream, &data, false)
+                };
+                if let Some(line) = line {
                     if let Err(e) = w.write_all(&line).await {
                         // Stop the command (its sink is closed) and wait
                         // for it to be cleaned up.
@@ -239,7 +274,12 @@ async fn stream_exec(
         return Err(e);
     }
     while let Ok((stream, data)) = rx.try_recv() {
-        if let Some(line) = pieces.line(sb.vm.phase().name(), stream, &data, false) {
+        let line = if raw {
+            raw_line(sb.vm.phase().name(), stream, data)
+        } else {
+            pieces.line(sb.vm.phase().name(), stream, &data, false)
+        };
+        if let Some(line) = line {
             w.write_all(&line).await?;
         }
     }
@@ -250,6 +290,72 @@ async fn stream_exec(
     }
     let r = result.map(ToolReply::Exec).map_err(|e| e.to_string());
     reply(w, SandboxReply::tool(sb.vm.phase().name(), r)).await
+}
+
+/// How many input lines wait between the connection and the command: with
+/// [`MAX_INPUT_LINE`] each, what a flood of input holds in the shim.
+const INPUT_QUEUE: usize = 4;
+
+/// Aborts its task when dropped.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Read an interactive exec's input lines ([`ExecInput`]) from `rd` and
+/// queue them for the command, each line at most [`MAX_INPUT_LINE`] bytes
+/// (the queue is bounded: a caller that sends faster than the command
+/// reads waits on its socket). Returns why the caller's input stopped
+/// (its connection ended, a bad or overlong line): the command is
+/// stopped then. Returns nothing to say (None) when the command's side is
+/// gone first.
+async fn read_input<R: tokio::io::AsyncRead + Unpin>(
+    mut rd: BufReader<tokio::io::Take<R>>,
+    tx: mpsc::Sender<ExecInput>,
+) -> Option<String> {
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        rd.get_mut().set_limit(MAX_INPUT_LINE);
+        match rd.read_until(b'\n', &mut line).await {
+            Ok(0) => return Some("ended".into()),
+            Err(e) => return Some(format!("failed: {e}")),
+            Ok(_) if line.last() != Some(&b'\n') => {
+                return Some(format!(
+                    "ended mid-line or sent a line longer than {MAX_INPUT_LINE} bytes"
+                ))
+            }
+            Ok(_) => {}
+        }
+        let input = match ExecInput::parse(&line) {
+            Ok(i) => i,
+            Err(e) => return Some(e),
+        };
+        if tx.send(input).await.is_err() {
+            return None;
+        }
+    }
+}
+
+/// An interactive exec's output piece as a reply line: its bytes as
+/// they are.
+fn raw_line(state: &str, stream: Stream, data: Vec<u8>) -> Option<Vec<u8>> {
+    if data.is_empty() {
+        return None;
+    }
+    let chunk = ToolReply::Chunk(OutputChunk {
+        stream: match stream {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+        }
+        .into(),
+        data: String::new(),
+        bytes: data,
+    });
+    Some(burrow_vmm_api::to_line(&SandboxReply::tool(state, Ok(chunk))))
 }
 
 /// Output pieces as reply lines, each ending on a whole character: a
@@ -285,6 +391,7 @@ impl Pieces {
         let chunk = ToolReply::Chunk(OutputChunk {
             stream: name.into(),
             data: String::from_utf8_lossy(&send).into_owned(),
+            bytes: Vec::new(),
         });
         Some(burrow_vmm_api::to_line(&SandboxReply::tool(
             state,
@@ -326,7 +433,8 @@ mod tests {
             chunk(&line),
             OutputChunk {
                 stream: "stdout".into(),
-                data: "a".into()
+                data: "a".into(),
+                ..Default::default()
             }
         );
         // The other stream is its own; the split character waits.
@@ -351,5 +459,64 @@ mod tests {
         let line = p.line("running", Stream::Stdout, &[], true).unwrap();
         assert_eq!(chunk(&line).data, "\u{fffd}");
         assert!(p.line("running", Stream::Stderr, &[], true).is_none());
+    }
+
+    /// `read_input` over a socket pair: what the command gets, and why the
+    /// input stopped.
+    async fn read_input_of(sent: Vec<u8>) -> (Vec<ExecInput>, Option<String>) {
+        let (a, mut b) = tokio::net::UnixStream::pair().unwrap();
+        let (tx, mut rx) = mpsc::channel(INPUT_QUEUE);
+        let reader = tokio::spawn(read_input(BufReader::new(a.take(0)), tx));
+        let writer = tokio::spawn(async move {
+            // The peer may stop reading first (the caller's flood waits).
+            let _ = b.write_all(&sent).await;
+        });
+        let mut got = Vec::new();
+        while let Some(i) = rx.recv().await {
+            got.push(i);
+        }
+        writer.await.unwrap();
+        (got, reader.await.unwrap())
+    }
+
+    #[tokio::test]
+    async fn input_lines_reach_the_command_in_order_and_a_bad_one_stops_it() {
+        let data = |d: &[u8]| ExecInput::Data { data: d.to_vec() };
+        let mut sent = Vec::new();
+        for i in [
+            data(b"echo hi\r"),
+            ExecInput::Resize { rows: 40, cols: 120 },
+            ExecInput::Eof,
+        ] {
+            sent.extend(burrow_vmm_api::to_line(&i));
+        }
+        let (got, why) = read_input_of(sent.clone()).await;
+        assert_eq!(
+            got,
+            [
+                data(b"echo hi\r"),
+                ExecInput::Resize { rows: 40, cols: 120 },
+                ExecInput::Eof
+            ]
+        );
+        assert_eq!(why.as_deref(), Some("ended"));
+        // A bad line, a line cut off by the end, an overlong line: what
+        // came before arrives, then the input stops, saying why.
+        let mut bad = sent.clone();
+        bad.extend(b"{\"input\":\"kill\"}\n");
+        let (got, why) = read_input_of(bad).await;
+        assert_eq!(got.len(), 3);
+        assert!(why.unwrap().contains("bad input line"));
+        let mut cut = sent.clone();
+        cut.extend(b"{\"input\":");
+        let (got, why) = read_input_of(cut).await;
+        assert_eq!(got.len(), 3);
+        assert!(why.unwrap().contains("mid-line"));
+        let mut long = sent;
+        long.extend(b"{\"input\":\"data\",\"data\":\"");
+        long.extend(vec![b'A'; 4 * MAX_INPUT_LINE as usize]);
+        let (got, why) = read_input_of(long).await;
+        assert_eq!(got.len(), 3);
+        assert!(why.unwrap().contains("longer than"));
     }
 }

@@ -136,13 +136,24 @@ impl VmSandbox {
 
     async fn tool_exec(&self, r: ExecRequest) -> Result<ExecOutput> {
         let cap = r.output_cap();
-        self.tool_exec_to(r, Sink::Keep(cap)).await
+        self.tool_exec_to(r, Sink::Keep(cap), None).await
     }
 
     /// Run `r` in the container, its output going to `sink` (streamed to
-    /// the control socket's caller, or kept for the reply).
-    pub(super) async fn tool_exec_to(&self, r: ExecRequest, sink: Sink) -> Result<ExecOutput> {
+    /// the control socket's caller, or kept for the reply), fed `input`
+    /// if it is interactive ([`ExecRequest::stdin`]).
+    pub(super) async fn tool_exec_to(
+        &self,
+        r: ExecRequest,
+        sink: Sink,
+        input: Option<tokio::sync::mpsc::Receiver<burrow_vmm_api::sandbox_tools::ExecInput>>,
+    ) -> Result<ExecOutput> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
+        if r.stdin != input.is_some() {
+            return Err(SandboxError::InvalidArgument(
+                "an exec with stdin is streamed (stream and stdin go together)".into(),
+            ));
+        }
         let (id, c) = self.tool_container()?;
         let process = crate::tools::exec_process(c.spec.get("process"), &r)?;
         let timeout = Duration::from_secs(r.timeout_secs.clamp(1, MAX_EXEC_TIMEOUT_SECS));
@@ -151,12 +162,17 @@ impl VmSandbox {
             .upgrade()
             .ok_or_else(|| SandboxError::Unavailable("the sandbox is shutting down".into()))?;
         let exec_id = format!("burrow-tool-{}", NEXT.fetch_add(1, Ordering::Relaxed));
-        crate::tools::run_exec_to(me, &id, &exec_id, process, timeout, sink).await
+        crate::tools::run_exec_to(me, &id, &exec_id, process, timeout, sink, input).await
     }
 
     /// Start `r` as a detached session: the agent keeps its output (the
     /// shim keeps nothing, so it is there after a wake or a restore).
     async fn tool_detach(&self, r: ExecRequest) -> Result<SessionStarted> {
+        if r.stdin {
+            return Err(SandboxError::InvalidArgument(
+                "a detached session has no stdin".into(),
+            ));
+        }
         let (_, c) = self.tool_container()?;
         let process = crate::tools::exec_process(c.spec.get("process"), &r)?;
         let process = serde_json::to_vec(&process)

@@ -14,10 +14,14 @@
 //!     -> {"ok":true,"state":"running","tool":{"tool":"detach","session":"s1","pid":42}}
 //! {"cmd":"attach","session":"s1","from":0,"wait_secs":10}
 //!     -> {..."tool":{"tool":"attach","output":"...","from":0,"next":812,"end":812,"done":false,...}}
+//! {"cmd":"exec","args":["sh"],...,"stream":true,"tty":true,"tty_size":[24,80],"stdin":true}
+//!     <- {"input":"data","data":"bHMNCg=="}  (more ExecInput lines up the same connection)
+//!     -> {..."tool":{"tool":"chunk","stream":"stdout","data":"","bytes":"..."}} ... then the exec result
 //! ```
 //!
 //! Text only: file contents and output travel as UTF-8 strings (output the
-//! guest wrote that is not UTF-8 arrives with U+FFFD in its place).
+//! guest wrote that is not UTF-8 arrives with U+FFFD in its place), except
+//! an interactive exec's input and output, which are bytes (base64).
 
 use serde::{Deserialize, Serialize};
 
@@ -76,12 +80,87 @@ pub struct ExecRequest {
     #[serde(default, skip_serializing_if = "is_false")]
     pub stream: bool,
     /// Run the command on a terminal (a PTY in the guest: stdout carries
-    /// both streams, with the terminal's line endings; no stdin).
+    /// both streams, with the terminal's line endings).
     #[serde(default, skip_serializing_if = "is_false")]
     pub tty: bool,
     /// The terminal's size, rows and columns (with `tty`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tty_size: Option<(u16, u16)>,
+    /// A streamed `exec` only: interactive. The caller's input follows the
+    /// request line on the same connection as [`ExecInput`] lines (its
+    /// keystrokes or piped stdin, terminal resizes, the end of its input),
+    /// and the output chunks carry raw bytes ([`OutputChunk::bytes`]).
+    /// The caller keeps its side of the connection open until the final
+    /// reply: the connection ending ends the command.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub stdin: bool,
+}
+
+/// Most bytes of input one [`ExecInput::Data`] line carries.
+pub const MAX_INPUT_CHUNK: usize = 16 * 1024;
+/// Longest [`ExecInput`] line the shim reads: a full chunk in base64 and
+/// room for the rest.
+pub const MAX_INPUT_LINE: u64 = (MAX_INPUT_CHUNK as u64).div_ceil(3) * 4 + 1024;
+
+/// What the caller of an interactive `exec` ([`ExecRequest::stdin`]) sends
+/// after its request line, one JSON line each:
+///
+/// ```text
+/// {"input":"data","data":"ZWNobyBoaQ0="}     bytes for the command's stdin (base64)
+/// {"input":"resize","rows":40,"cols":120}   the caller's terminal changed size
+/// {"input":"eof"}                           the caller's input ended
+/// ```
+///
+/// On a terminal the end of input is the terminal's EOF character (^D,
+/// twice after a partial line); without one the command's stdin closes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "input", rename_all = "lowercase")]
+pub enum ExecInput {
+    Data {
+        #[serde(with = "base64_bytes")]
+        data: Vec<u8>,
+    },
+    Resize {
+        rows: u16,
+        cols: u16,
+    },
+    Eof,
+}
+
+impl ExecInput {
+    /// One input line (with or without its newline), checked: at most
+    /// [`MAX_INPUT_CHUNK`] bytes of data, a size of at least 1x1.
+    pub fn parse(line: &[u8]) -> Result<Self, String> {
+        let input: Self =
+            serde_json::from_slice(line).map_err(|e| format!("bad input line: {e}"))?;
+        match &input {
+            Self::Data { data } if data.len() > MAX_INPUT_CHUNK => Err(format!(
+                "an input line carries {} bytes, more than {MAX_INPUT_CHUNK}",
+                data.len()
+            )),
+            Self::Resize { rows, cols } if *rows == 0 || *cols == 0 => {
+                Err(format!("a terminal of {rows}x{cols} has no room"))
+            }
+            _ => Ok(input),
+        }
+    }
+}
+
+/// Bytes as a base64 string (standard alphabet, padded) in JSON.
+mod base64_bytes {
+    use base64::Engine;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(b: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(b))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let text = String::deserialize(d)?;
+        base64::engine::general_purpose::STANDARD
+            .decode(text.as_bytes())
+            .map_err(serde::de::Error::custom)
+    }
 }
 
 fn is_false(b: &bool) -> bool {
@@ -96,6 +175,10 @@ pub struct OutputChunk {
     /// `stdout` or `stderr`.
     pub stream: String,
     pub data: String,
+    /// An interactive exec's ([`ExecRequest::stdin`]) output: the bytes
+    /// as the command wrote them (base64 in JSON; `data` is then empty).
+    #[serde(default, skip_serializing_if = "Vec::is_empty", with = "base64_bytes")]
+    pub bytes: Vec<u8>,
 }
 
 impl ExecRequest {
@@ -573,5 +656,77 @@ mod tests {
             ..e
         };
         assert_eq!(f.mode_string(), "-rw-r-----");
+    }
+
+    #[test]
+    fn interactive_input_and_output_frames_carry_bytes_and_are_bounded() {
+        let data = ExecInput::Data {
+            data: b"echo hi\r\x1b[A\xff".to_vec(),
+        };
+        let line = crate::to_line(&data);
+        assert_eq!(
+            line,
+            b"{\"input\":\"data\",\"data\":\"ZWNobyBoaQ0bW0H/\"}\n"
+        );
+        assert_eq!(ExecInput::parse(&line).unwrap(), data);
+        let resize = ExecInput::Resize { rows: 40, cols: 120 };
+        let line = crate::to_line(&resize);
+        assert_eq!(line, b"{\"input\":\"resize\",\"rows\":40,\"cols\":120}\n");
+        assert_eq!(ExecInput::parse(&line).unwrap(), resize);
+        assert_eq!(
+            ExecInput::parse(br#"{"input":"eof"}"#).unwrap(),
+            ExecInput::Eof
+        );
+        // A full chunk fits in one line; one byte more is refused, as are
+        // bad base64, a terminal with no room and unknown inputs.
+        let full = crate::to_line(&ExecInput::Data {
+            data: vec![0xaa; MAX_INPUT_CHUNK],
+        });
+        assert!(full.len() as u64 <= MAX_INPUT_LINE, "{}", full.len());
+        assert!(ExecInput::parse(&full).is_ok());
+        let over = crate::to_line(&ExecInput::Data {
+            data: vec![0xaa; MAX_INPUT_CHUNK + 1],
+        });
+        let e = ExecInput::parse(&over).unwrap_err();
+        assert!(e.contains("more than 16384"), "{e}");
+        assert!(ExecInput::parse(br#"{"input":"data","data":"!!"}"#).is_err());
+        assert!(ExecInput::parse(br#"{"input":"resize","rows":0,"cols":80}"#).is_err());
+        assert!(ExecInput::parse(br#"{"input":"resize","rows":70000,"cols":80}"#).is_err());
+        assert!(ExecInput::parse(br#"{"input":"kill"}"#).is_err());
+        // Output: bytes in base64 when there are any, the old form else.
+        let chunk = ToolReply::Chunk(OutputChunk {
+            stream: "stdout".into(),
+            data: String::new(),
+            bytes: vec![0x1b, b'[', b'H', 0xff],
+        });
+        let text = serde_json::to_string(&chunk).unwrap();
+        assert_eq!(
+            text,
+            r#"{"tool":"chunk","stream":"stdout","data":"","bytes":"G1tI/w=="}"#
+        );
+        assert_eq!(serde_json::from_str::<ToolReply>(&text).unwrap(), chunk);
+        let plain: ToolReply =
+            serde_json::from_str(r#"{"tool":"chunk","stream":"stdout","data":"hi"}"#).unwrap();
+        assert_eq!(
+            plain,
+            ToolReply::Chunk(OutputChunk {
+                stream: "stdout".into(),
+                data: "hi".into(),
+                bytes: Vec::new()
+            })
+        );
+        // The request says so; without it, nothing changes on the wire.
+        let req = ExecRequest {
+            args: vec!["sh".into()],
+            stream: true,
+            tty: true,
+            stdin: true,
+            ..Default::default()
+        };
+        let text = serde_json::to_string(&req).unwrap();
+        assert!(text.ends_with(r#""stream":true,"tty":true,"stdin":true}"#), "{text}");
+        assert!(!serde_json::to_string(&ExecRequest::default())
+            .unwrap()
+            .contains("stdin"));
     }
 }

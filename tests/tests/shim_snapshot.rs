@@ -467,28 +467,26 @@ fn hibernate_stops_the_vmm_and_the_next_call_wakes_it_transparently() {
         "t-idle",
         &["sh", "-c", COUNTER],
     );
-    std::thread::scope(|s| {
-        let silent = s.spawn(|| {
-            c.ctr(&[
-                "task", "exec", "--exec-id", "silent", "t-idle", "sh", "-c", "sleep 20; echo finished",
-            ])
-        });
-        while !silent.is_finished() {
-            let state = sandbox_state(&c, "t-idle");
-            assert!(
-                silent.is_finished() || state == "running",
-                "{state} while an exec runs\n{}",
-                c.diagnostics()
-            );
-            std::thread::sleep(Duration::from_millis(500));
-        }
-        let r = silent.join().unwrap();
-        assert_eq!(
-            (r.code, r.stdout.trim()),
-            (Some(0), "finished"),
-            "{r:?}"
-        );
-    });
+    let stays_awake = |run: &(dyn Fn() -> burrow_tests::containerd::Run + Sync)| {
+        std::thread::scope(|s| {
+            let silent = s.spawn(run);
+            while !silent.is_finished() {
+                let state = sandbox_state(&c, "t-idle");
+                assert!(
+                    silent.is_finished() || state == "running",
+                    "{state} while an exec runs\n{}",
+                    c.diagnostics()
+                );
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            let r = silent.join().unwrap();
+            assert_eq!((r.code, r.stdout.trim()), (Some(0), "finished"), "{r:?}");
+        })
+    };
+    let silent = "sleep 20; echo finished";
+    stays_awake(&|| c.ctr(&["task", "exec", "--exec-id", "silent", "t-idle", "sh", "-c", silent]));
+    // The same for the tools' exec (`burrow exec`, MCP's exec).
+    stays_awake(&|| c.burrow(&["exec", "--state-dir", &state_dir, "t-idle", "--", "sh", "-c", silent]));
     let t = Instant::now();
     while sandbox_state(&c, "t-idle") != "asleep" {
         assert!(

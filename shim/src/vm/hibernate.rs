@@ -176,6 +176,15 @@ async fn handle_control(sb: &VmSandbox, s: UnixStream) -> std::io::Result<()> {
         Err(e) => SandboxReply::new(sb.vm.phase().name(), Err(format!("bad request: {e}"))),
         Ok(req) => {
             let status = req == SandboxRequest::Status;
+            // A tool call (an exec above all) holds off idle hibernation
+            // until it is answered, however quiet it is meanwhile.
+            let _busy = match req {
+                SandboxRequest::Hibernate
+                | SandboxRequest::Wake
+                | SandboxRequest::Status
+                | SandboxRequest::Checkpoint { .. } => None,
+                _ => Some(sb.busy()),
+            };
             let result = match req {
                 SandboxRequest::Hibernate => sb.hibernate().await.map(|()| None),
                 SandboxRequest::Wake => sb.wake().await.map(|()| None),

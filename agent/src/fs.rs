@@ -449,6 +449,21 @@ pub fn mkdir(root: &OwnedFd, path: &CleanPath, mode: u32, parents: bool) -> Resu
     Ok(())
 }
 
+/// Rename `from` to `to` (a file there is replaced atomically; neither
+/// final component is followed if it is a symlink).
+pub fn rename(root: &OwnedFd, from: &CleanPath, to: &CleanPath) -> Result<()> {
+    let (from_parent, from_name) = from.split()?;
+    let (to_parent, to_name) = to.split()?;
+    let from_dir = open_dir_path(root, &from_parent)?;
+    let to_dir = open_dir_path(root, &to_parent)?;
+    nix::fcntl::renameat(from_dir.as_fd(), from_name, to_dir.as_fd(), to_name).map_err(|e| {
+        AgentError::os(
+            format!("rename {} to {}", from.display(), to.display()),
+            e,
+        )
+    })
+}
+
 /// Remove a file, symlink or directory (recursively with `recursive`).
 pub fn remove(root: &OwnedFd, path: &CleanPath, recursive: bool) -> Result<()> {
     let (parent, name) = path.split()?;

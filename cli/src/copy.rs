@@ -347,7 +347,11 @@ fn download(root: &Path, ns: &str, id: &str, path: &str, dst: &Side) -> Result<i
     });
     let mut c = connect(root, ns, id, &req)?;
     let mut got = 0u64;
-    let result = receive(&mut c, target.clone(), &mut got);
+    let dest = match &target {
+        Some(t) => Dest::File(t.clone()),
+        None => Dest::Stdout,
+    };
+    let result = receive(&mut c, dest, &mut got);
     let recorded = result.as_ref().map(|i| ToolReply::Copied(i.clone()));
     let recorded = recorded.map_err(|e| anyhow::anyhow!("{e:#}"));
     c.record(id, &req, &recorded, got);
@@ -364,19 +368,31 @@ fn download(root: &Path, ns: &str, id: &str, path: &str, dst: &Side) -> Result<i
     Ok(0)
 }
 
+/// Where a download's bytes go.
+enum Dest<'a> {
+    /// A local file, replaced atomically.
+    File(PathBuf),
+    Stdout,
+    /// Memory (`burrow mcp`: a bounded range).
+    Buf(&'a mut Vec<u8>),
+}
+
 /// The download's `ready`, frames (never more than announced) and final
-/// reply; into `target` (atomically) or stdout.
-fn receive(c: &mut Conn, target: Option<PathBuf>, got: &mut u64) -> Result<CopyInfo> {
+/// reply, into `dest`.
+fn receive(c: &mut Conn, dest: Dest<'_>, got: &mut u64) -> Result<CopyInfo> {
     let info = c.reply("download")?;
     let mut bound = frame::Bound::new(Some(info.size)).map_err(anyhow::Error::msg)?;
-    let mut temp = target.map(LocalTemp::new).transpose()?;
+    let mut temp = None;
     let stdout = std::io::stdout();
-    let mut out: Box<dyn Write> = match temp.as_mut().and_then(|t| t.file.as_ref()) {
-        Some(f) => Box::new(std::io::BufWriter::with_capacity(
-            COPY_CHUNK,
-            f.try_clone()?,
-        )),
-        None => Box::new(stdout.lock()),
+    let mut out: Box<dyn Write + '_> = match dest {
+        Dest::File(p) => {
+            let t = LocalTemp::new(p)?;
+            let f = t.file.as_ref().context("no file")?.try_clone()?;
+            temp = Some(t);
+            Box::new(std::io::BufWriter::with_capacity(COPY_CHUNK, f))
+        }
+        Dest::Stdout => Box::new(stdout.lock()),
+        Dest::Buf(v) => Box::new(v),
     };
     let mut buf = vec![0u8; COPY_CHUNK];
     loop {
@@ -400,6 +416,50 @@ fn receive(c: &mut Conn, target: Option<PathBuf>, got: &mut u64) -> Result<CopyI
         t.commit(info.mode & 0o777)?;
     }
     Ok(done)
+}
+
+/// `burrow mcp`'s binary read: at most `length` bytes of file `path` in
+/// sandbox `id` from `offset`, and the file (its whole size in
+/// `file_size`).
+pub fn read_bytes(
+    root: &Path,
+    ns: &str,
+    id: &str,
+    path: &str,
+    offset: u64,
+    length: u64,
+) -> Result<(Vec<u8>, CopyInfo)> {
+    let req = SandboxRequest::Download(DownloadRequest {
+        path: path.into(),
+        offset,
+        length: Some(length),
+    });
+    let mut c = connect(root, ns, id, &req)?;
+    let mut data = Vec::new();
+    let mut got = 0u64;
+    let result = receive(&mut c, Dest::Buf(&mut data), &mut got);
+    let recorded = result.as_ref().map(|i| ToolReply::Copied(i.clone()));
+    let recorded = recorded.map_err(|e| anyhow::anyhow!("{e:#}"));
+    c.record(id, &req, &recorded, got);
+    result.map(|i| (data, i))
+}
+
+/// `burrow mcp`'s binary write: replace file `path` in sandbox `id` with
+/// `data`, atomically (an existing file's mode is kept).
+pub fn write_bytes(root: &Path, ns: &str, id: &str, path: &str, data: &[u8]) -> Result<CopyInfo> {
+    let req = SandboxRequest::Upload(UploadRequest {
+        path: path.into(),
+        name: None,
+        mode: None,
+        size: Some(data.len() as u64),
+    });
+    let mut c = connect(root, ns, id, &req)?;
+    let mut sent = 0u64;
+    let result = send(&mut c, &mut &data[..], Some(data.len() as u64), &mut sent);
+    let recorded = result.as_ref().map(|i| ToolReply::Copied(i.clone()));
+    let recorded = recorded.map_err(|e| anyhow::anyhow!("{e:#}"));
+    c.record(id, &req, &recorded, sent);
+    result
 }
 
 #[cfg(test)]

@@ -216,30 +216,36 @@ fn send(c: &mut Conn, input: &mut dyn Read, size: Option<u64>, sent: &mut u64) -
     c.reply("upload")?;
     let mut bound = frame::Bound::new(size).map_err(anyhow::Error::msg)?;
     let mut buf = vec![0u8; COPY_CHUNK];
-    let streamed = (|| -> Result<()> {
+    // Err((why, whether the connection failed rather than this side)).
+    let streamed = (|| -> std::result::Result<(), (anyhow::Error, bool)> {
+        let local = |e: anyhow::Error| (e, false);
+        let socket = |e: std::io::Error| (anyhow::Error::from(e), true);
         loop {
-            let n = read_full(input, &mut buf).context("reading the local file")?;
+            let n = read_full(input, &mut buf)
+                .context("reading the local file")
+                .map_err(local)?;
             if n == 0 {
                 break;
             }
-            bound.take(n).map_err(anyhow::Error::msg)?;
-            (&c.s).write_all(&frame::header(n))?;
-            (&c.s).write_all(&buf[..n])?;
+            bound.take(n).map_err(anyhow::Error::msg).map_err(local)?;
+            (&c.s).write_all(&frame::header(n)).map_err(socket)?;
+            (&c.s).write_all(&buf[..n]).map_err(socket)?;
             *sent += n as u64;
         }
-        bound.finish().map_err(anyhow::Error::msg)?;
-        (&c.s).write_all(&frame::header(0))?;
+        bound.finish().map_err(anyhow::Error::msg).map_err(local)?;
+        (&c.s).write_all(&frame::header(0)).map_err(socket)?;
         Ok(())
     })();
-    if let Err(e) = streamed {
-        // The shim's word on why, if it stopped first (it removed its
-        // temporary file); else ours, and the connection's end tells it.
+    if let Err((e, connection)) = streamed {
+        // The connection's end tells the shim to remove its temporary
+        // file; when it stopped first, its reply says why.
         let _ = c.s.shutdown(std::net::Shutdown::Write);
-        return match c.reply("upload") {
-            Err(shim) => Err(shim),
-            Ok(_) => Err(e),
-        }
-        .context("nothing was changed in the sandbox");
+        let shim = c.reply("upload");
+        return Err(match shim {
+            Err(why) if connection => why,
+            _ => e,
+        })
+        .map_err(|e| anyhow::anyhow!("{e:#}; nothing was changed in the sandbox"));
     }
     c.reply("upload")
 }

@@ -405,6 +405,36 @@ fn cp_round_trip(c: &Containerd) -> Vec<u8> {
     // Put the blob back for the wake below.
     let r = c.burrow(&["cp", src.to_str().unwrap(), &format!("{ID}:/tmp/blob.bin")]);
     ok(c, "cp up again", &r);
+    // An upload cut off (burrow killed after 2 MiB of stdin) leaves the
+    // old file whole and no temporary file.
+    let mut child = std::process::Command::new(burrow_tests::workspace_bin("burrow"))
+        .args(["cp", "-", &format!("{ID}:/tmp/blob.bin")])
+        .env("BURROW_CONFIG", c.dir().join("burrow.toml"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut w = child.stdin.take().unwrap();
+        w.write_all(&blob[..2 << 20]).unwrap();
+        w.flush().unwrap();
+        std::thread::sleep(std::time::Duration::from_secs(2));
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !hidden_in(c, "/tmp").is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the cut-off upload's temporary file stayed: {}",
+            hidden_in(c, "/tmp")
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    let r = exec(c, &["--", "sha256sum", "/tmp/blob.bin"]);
+    assert!(r.stdout.starts_with(&want), "after a cut-off upload: {r:?}");
     let _ = std::fs::remove_dir_all(src.parent().unwrap());
     blob
 }

@@ -544,6 +544,26 @@ mod tests {
     }
 
     #[test]
+    fn rename_replaces_a_file_inside_the_root_and_never_leaves_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = open_root(dir.path()).expect("root");
+        let p = |s: &str| CleanPath::parse(s).expect("path");
+        std::fs::write(dir.path().join("old"), "old").expect("write");
+        std::fs::write(dir.path().join(".new.tmp"), "new").expect("write");
+        rename(&root, &p("/.new.tmp"), &p("/old")).expect("rename");
+        assert_eq!(std::fs::read(dir.path().join("old")).expect("read"), b"new");
+        assert!(!dir.path().join(".new.tmp").exists());
+        // `..` stops at the root: nothing lands outside it.
+        std::fs::write(dir.path().join("a"), "a").expect("write");
+        rename(&root, &p("/a"), &p("/../../escaped")).expect("rename");
+        assert!(dir.path().join("escaped").exists());
+        assert!(!dir.path().parent().expect("parent").join("escaped").exists());
+        // A missing source or directory is an error.
+        assert!(rename(&root, &p("/nope"), &p("/x")).is_err());
+        assert!(rename(&root, &p("/escaped"), &p("/no/dir/x")).is_err());
+    }
+
+    #[test]
     fn clean_path_clamps_dotdot_at_root() {
         assert_eq!(
             CleanPath::parse("/../../etc/passwd").unwrap().rel(),

@@ -449,6 +449,21 @@ pub fn mkdir(root: &OwnedFd, path: &CleanPath, mode: u32, parents: bool) -> Resu
     Ok(())
 }
 
+/// Rename `from` to `to` (a file there is replaced atomically; neither
+/// final component is followed if it is a symlink).
+pub fn rename(root: &OwnedFd, from: &CleanPath, to: &CleanPath) -> Result<()> {
+    let (from_parent, from_name) = from.split()?;
+    let (to_parent, to_name) = to.split()?;
+    let from_dir = open_dir_path(root, &from_parent)?;
+    let to_dir = open_dir_path(root, &to_parent)?;
+    nix::fcntl::renameat(from_dir.as_fd(), from_name, to_dir.as_fd(), to_name).map_err(|e| {
+        AgentError::os(
+            format!("rename {} to {}", from.display(), to.display()),
+            e,
+        )
+    })
+}
+
 /// Remove a file, symlink or directory (recursively with `recursive`).
 pub fn remove(root: &OwnedFd, path: &CleanPath, recursive: bool) -> Result<()> {
     let (parent, name) = path.split()?;
@@ -526,6 +541,26 @@ mod tests {
         )
         .expect("open");
         assert_eq!(pseudo_fs(&fd), None);
+    }
+
+    #[test]
+    fn rename_replaces_a_file_inside_the_root_and_never_leaves_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = open_root(dir.path()).expect("root");
+        let p = |s: &str| CleanPath::parse(s).expect("path");
+        std::fs::write(dir.path().join("old"), "old").expect("write");
+        std::fs::write(dir.path().join(".new.tmp"), "new").expect("write");
+        rename(&root, &p("/.new.tmp"), &p("/old")).expect("rename");
+        assert_eq!(std::fs::read(dir.path().join("old")).expect("read"), b"new");
+        assert!(!dir.path().join(".new.tmp").exists());
+        // `..` stops at the root: nothing lands outside it.
+        std::fs::write(dir.path().join("a"), "a").expect("write");
+        rename(&root, &p("/a"), &p("/../../escaped")).expect("rename");
+        assert!(dir.path().join("escaped").exists());
+        assert!(!dir.path().parent().expect("parent").join("escaped").exists());
+        // A missing source or directory is an error.
+        assert!(rename(&root, &p("/nope"), &p("/x")).is_err());
+        assert!(rename(&root, &p("/escaped"), &p("/no/dir/x")).is_err());
     }
 
     #[test]

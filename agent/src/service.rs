@@ -770,6 +770,15 @@ impl burrow_protocol::Agent for AgentService {
         Ok(empty())
     }
 
+    async fn rename(&self, _ctx: &TtrpcContext, req: RenameRequest) -> TResult<Empty> {
+        let to = CleanPath::parse(&req.to)?;
+        self.in_root(&req.container_id, &req.from, move |root, from| {
+            fs::rename(root, from, &to)
+        })
+        .await?;
+        Ok(empty())
+    }
+
     async fn browser_navigate(
         &self,
         _ctx: &TtrpcContext,

@@ -4,6 +4,7 @@ mod audit;
 mod browse;
 mod check;
 mod containerd_config;
+mod copy;
 mod fork;
 mod install;
 mod interactive;
@@ -52,6 +53,12 @@ enum Command {
     Write(tools::PathArgs),
     /// List a directory in a sandbox's container.
     Ls(tools::PathArgs),
+    /// Copy one file, any bytes, up to 4 GiB, into or out of a sandbox's
+    /// container, as `docker cp` does: `burrow cp LOCAL ID:PATH`, `burrow cp
+    /// ID:PATH LOCAL` (`-`: stdin or stdout). The target is replaced
+    /// atomically (a failed copy leaves it as it was); an upload keeps the
+    /// local file's mode, a download the guest file's.
+    Cp(copy::CpArgs),
     /// Replace the one occurrence of --old with --new in a file in a
     /// sandbox's container; none or several occurrences change nothing.
     Edit(tools::EditArgs),
@@ -163,6 +170,7 @@ fn main() -> Result<()> {
         Command::Read(a) => tool("read", 1, || tools::read(a)),
         Command::Write(a) => tool("write", 1, || tools::write(a)),
         Command::Ls(a) => tool("ls", 1, || tools::ls(a)),
+        Command::Cp(a) => tool("cp", 1, || copy::cp(a)),
         Command::Edit(a) => tool("edit", 1, || tools::edit(a)),
         Command::Audit { target, json } => tool("audit", 1, || {
             let root = target

@@ -82,7 +82,7 @@ pub fn ask(
 /// request wrapped for that container (`Some`). A pod's own id addresses
 /// its only container (the shim refuses it, listing them, when there are
 /// several).
-fn route(
+pub(crate) fn route(
     root: &std::path::Path,
     namespace: &str,
     id: &str,
@@ -170,7 +170,7 @@ pub fn ask_interactive(
 /// Append tool request `req`'s `result` to the audit log in `dir` (`routed`:
 /// it went to container `id` of a pod; `streamed`: output bytes that came
 /// before the result).
-fn record(
+pub(crate) fn record(
     dir: &std::path::Path,
     id: &str,
     req: &SandboxRequest,

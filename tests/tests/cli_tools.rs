@@ -290,6 +290,155 @@ fn interactive(c: &Containerd) {
     );
 }
 
+/// A fresh path in the host's temporary directory.
+fn tempfile_path(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("burrow-cp-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+/// The files in `dir` whose names start with `.` (temporary files).
+fn hidden_in(c: &Containerd, dir: &str) -> String {
+    let r = exec(c, &["--", "sh", "-c", &format!("ls -A {dir} | grep '^\\.' || true")]);
+    ok(c, "ls -A", &r);
+    r.stdout
+}
+
+/// `sha256sum`'s hash of a host file.
+fn sha256_host(p: &std::path::Path) -> String {
+    let out = std::process::Command::new("sha256sum").arg(p).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+/// `burrow cp` both ways: a 5 MiB random binary file up (its hash in the
+/// guest is the host's) and back byte for byte, to a file and piped to
+/// stdout; an executable script keeps +x and runs; a missing directory or
+/// file is a clear error that leaves nothing behind; a replaced file is
+/// replaced whole. Returns the blob (left at /tmp/blob.bin in the guest).
+fn cp_round_trip(c: &Containerd) -> Vec<u8> {
+    // 5 MiB of pseudo-random bytes (every byte value, no UTF-8 shape).
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let blob: Vec<u8> = (0..5 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect();
+    let src = tempfile_path("blob.bin");
+    std::fs::write(&src, &blob).unwrap();
+    let want = sha256_host(&src);
+    let r = c.burrow(&["cp", src.to_str().unwrap(), &format!("{ID}:/tmp/blob.bin")]);
+    ok(c, "cp up 5 MiB", &r);
+    eprintln!("burrow cp: 5 MiB up in {:?}", r.elapsed);
+    assert!(r.stdout.contains("copied 5242880 bytes"), "{r:?}");
+    let r = exec(c, &["--", "sha256sum", "/tmp/blob.bin"]);
+    ok(c, "sha256sum in the guest", &r);
+    assert!(r.stdout.starts_with(&want), "guest {r:?}, host {want}");
+    assert_eq!(hidden_in(c, "/tmp"), "", "a temporary file was left");
+    // Back, into a local directory (the file keeps its name).
+    let down = tempfile_path("down");
+    std::fs::create_dir_all(&down).unwrap();
+    let r = c.burrow(&["cp", &format!("{ID}:/tmp/blob.bin"), down.to_str().unwrap()]);
+    ok(c, "cp down 5 MiB", &r);
+    eprintln!("burrow cp: 5 MiB down in {:?}", r.elapsed);
+    assert!(std::fs::read(down.join("blob.bin")).unwrap() == blob, "the download differs");
+    assert_eq!(std::fs::read_dir(&down).unwrap().count(), 1);
+    // Piped to stdout.
+    let out = std::process::Command::new(burrow_tests::workspace_bin("burrow"))
+        .args(["cp", &format!("{ID}:/tmp/blob.bin"), "-"])
+        .env("BURROW_CONFIG", c.dir().join("burrow.toml"))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "cp to stdout: {out:?}");
+    assert!(out.stdout == blob, "cp to stdout: {} bytes differ", out.stdout.len());
+    // From stdin, replacing the file whole.
+    let r = c.burrow_with(&["cp", "-", &format!("{ID}:/tmp/blob.bin")], Some(b"\x00short\xff"));
+    ok(c, "cp from stdin", &r);
+    let r = exec(c, &["--", "sh", "-c", "wc -c < /tmp/blob.bin"]);
+    assert_eq!(r.stdout.trim(), "7", "{r:?}");
+    // An executable script keeps +x and runs.
+    let script = tempfile_path("hello.sh");
+    std::fs::write(&script, "#!/bin/sh\necho hello from $0\n").unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let r = c.burrow(&["cp", script.to_str().unwrap(), &format!("{ID}:/tmp/")]);
+    ok(c, "cp a script into a directory", &r);
+    let r = exec(c, &["--", "/tmp/hello.sh"]);
+    ok(c, "run the copied script", &r);
+    assert_eq!(r.stdout, "hello from /tmp/hello.sh\n", "{r:?}");
+    // Errors: clear, status 1, nothing left behind on either side.
+    let r = c.burrow(&["cp", script.to_str().unwrap(), &format!("{ID}:/nowhere/x.sh")]);
+    assert_eq!(r.code, Some(1), "{r:?}");
+    assert!(
+        r.stderr.starts_with("burrow cp:")
+            && r.stderr.contains("no directory /nowhere")
+            && r.stderr.lines().count() == 1,
+        "{r:?}"
+    );
+    let r = exec(c, &["--", "sh", "-c", "ls /nowhere 2>&1 || true"]);
+    assert!(r.stdout.contains("No such file"), "{r:?}");
+    let missing = tempfile_path("missing.bin");
+    let r = c.burrow(&["cp", &format!("{ID}:/tmp/nope.bin"), missing.to_str().unwrap()]);
+    assert_eq!(r.code, Some(1), "{r:?}");
+    assert!(
+        r.stderr.starts_with("burrow cp:")
+            && r.stderr.contains("/tmp/nope.bin")
+            && r.stderr.lines().count() == 1,
+        "{r:?}"
+    );
+    assert!(!missing.exists());
+    let leftovers: Vec<_> = std::fs::read_dir(missing.parent().unwrap())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| n.to_string_lossy().starts_with('.'))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    assert_eq!(hidden_in(c, "/tmp"), "", "a temporary file was left");
+    // Put the blob back for the wake below.
+    let r = c.burrow(&["cp", src.to_str().unwrap(), &format!("{ID}:/tmp/blob.bin")]);
+    ok(c, "cp up again", &r);
+    // An upload cut off (burrow killed after 2 MiB of stdin) leaves the
+    // old file whole and no temporary file.
+    let mut child = std::process::Command::new(burrow_tests::workspace_bin("burrow"))
+        .args(["cp", "-", &format!("{ID}:/tmp/blob.bin")])
+        .env("BURROW_CONFIG", c.dir().join("burrow.toml"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut w = child.stdin.take().unwrap();
+        w.write_all(&blob[..2 << 20]).unwrap();
+        w.flush().unwrap();
+        std::thread::sleep(std::time::Duration::from_secs(2));
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !hidden_in(c, "/tmp").is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the cut-off upload's temporary file stayed: {}",
+            hidden_in(c, "/tmp")
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    let r = exec(c, &["--", "sha256sum", "/tmp/blob.bin"]);
+    assert!(r.stdout.starts_with(&want), "after a cut-off upload: {r:?}");
+    let _ = std::fs::remove_dir_all(src.parent().unwrap());
+    blob
+}
+
 #[test]
 fn cli_tools_exec_files_edit_paging_and_wake_from_hibernation() {
     let c = Containerd::nested("cli-tools");
@@ -509,8 +658,10 @@ fn cli_tools_exec_files_edit_paging_and_wake_from_hibernation() {
     }
     let _ = std::fs::remove_file(&host_file);
 
-    // Hibernated: the next tool call wakes it, and the container's files
-    // are still there.
+    let blob = cp_round_trip(&c);
+
+    // Hibernated: the next tool call wakes it (a download here), and the
+    // container's files are still there.
     let r = c.burrow(&["sandbox", "hibernate", ID]);
     ok(&c, "hibernate", &r);
     assert!(r.stdout.contains("asleep"), "{r:?}");
@@ -521,6 +672,11 @@ fn cli_tools_exec_files_edit_paging_and_wake_from_hibernation() {
             .any(|l| l.contains(ID) && l.contains("asleep")),
         "{r:?}"
     );
+    let back = tempfile_path("woken.bin");
+    let r = c.burrow(&["cp", &format!("{ID}:/tmp/blob.bin"), back.to_str().unwrap()]);
+    ok(&c, "cp from a hibernated sandbox", &r);
+    assert!(std::fs::read(&back).unwrap() == blob, "the download after a wake differs");
+    let _ = std::fs::remove_file(&back);
     let r = c.burrow(&["exec", ID, "--", "sh", "-c", "cat /tmp/notes/a.txt; exit 5"]);
     assert_eq!(
         r.code,

@@ -109,7 +109,24 @@ pub struct ReadFileArgs {
     /// Last line to return (inclusive; at most 500 lines per call).
     #[serde(default)]
     pub end_line: Option<u64>,
+    /// `base64`: return the file's bytes (any file: an image, an archive)
+    /// base64-encoded, from `offset`, at most `length` of them, instead of
+    /// lines.
+    #[serde(default)]
+    pub encoding: Option<String>,
+    /// With encoding=base64: the byte to start from (default 0).
+    #[serde(default)]
+    pub offset: Option<u64>,
+    /// With encoding=base64: bytes to return (default and most 262144).
+    #[serde(default)]
+    pub length: Option<u64>,
 }
+
+/// Most bytes one base64 `read_file` returns (and the default).
+pub const MAX_READ_BYTES: u64 = 256 * 1024;
+/// Bytes read on each side of a base64 `read_file`'s range and checked
+/// for secrets with it (never returned).
+const SECRET_MARGIN: u64 = 4096;
 
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct WriteFileArgs {
@@ -118,7 +135,12 @@ pub struct WriteFileArgs {
     /// Absolute path in the container; missing parent directories are made.
     pub path: String,
     /// The file's whole new content (UTF-8 text, at most 1 MiB).
-    pub content: String,
+    #[serde(default)]
+    pub content: Option<String>,
+    /// Instead of content: the file's bytes, base64-encoded (at most 1 MiB
+    /// decoded); the parent directory must exist.
+    #[serde(default)]
+    pub content_base64: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -367,12 +389,22 @@ impl Burrow {
     }
 
     /// Read lines of a text file in a sandbox (at most 500 per call); says how many remain
-    /// and which start_line comes next.
+    /// and which start_line comes next. With encoding=base64, any file's bytes instead, a
+    /// range (offset, length) at a time.
     #[tool(annotations(read_only_hint = true, open_world_hint = false))]
     async fn read_file(
         &self,
         Parameters(a): Parameters<ReadFileArgs>,
     ) -> Result<CallToolResult, ErrorData> {
+        match a.encoding.as_deref() {
+            None | Some("text" | "utf-8" | "utf8") => {}
+            Some("base64") => return Ok(self.read_base64(a).await),
+            Some(other) => {
+                return Ok(failed(format!(
+                    "encoding {other:?}: read_file returns text, or base64"
+                )))
+            }
+        }
         let lines = LineRange {
             first: a.start_line.unwrap_or(1),
             last: a.end_line,
@@ -398,7 +430,68 @@ impl Burrow {
         .await
     }
 
-    /// Replace a file in a sandbox with new content, atomically (its mode is kept).
+    /// `read_file` with encoding=base64: a range of the file's bytes.
+    /// Bytes that read as a known secret shape (or any `.env` file) are
+    /// withheld, as redaction cannot mark them inside base64.
+    async fn read_base64(&self, a: ReadFileArgs) -> CallToolResult {
+        let offset = a.offset.unwrap_or(0);
+        let length = a.length.unwrap_or(MAX_READ_BYTES).clamp(1, MAX_READ_BYTES);
+        let (root, ns) = (self.root.clone(), self.namespace.clone());
+        let (id, path) = (a.sandbox.clone(), a.path.clone());
+        // Read a margin on both sides, so that a secret split by a range's
+        // edge is seen whole in every range that holds a part of it.
+        let from = offset.saturating_sub(SECRET_MARGIN);
+        let before = (offset - from) as usize;
+        let got = tokio::task::spawn_blocking(move || {
+            let span = length + (offset - from) + SECRET_MARGIN;
+            crate::copy::read_bytes(&root, &ns, &id, &path, from, span)
+        })
+        .await;
+        let (wide, info) = match got {
+            Ok(Ok(x)) => x,
+            Ok(Err(e)) => return failed(format!("{e:#}")),
+            Err(e) => return failed(format!("the request was lost: {e}")),
+        };
+        if is_env_file(&a.path) {
+            return failed(format!(
+                "{} is an environment file: read it as text (its values are redacted)",
+                a.path
+            ));
+        }
+        let seen = redact(&String::from_utf8_lossy(&wide), false);
+        let data = wide
+            .get(before..)
+            .map_or(&[][..], |d| &d[..d.len().min(length as usize)]);
+        if !seen.found.is_empty() {
+            return failed(format!(
+                "bytes {offset}..{} of {} (or the bytes just around them) hold what looks like a secret ({}): withheld; read it as text to see it redacted",
+                offset + data.len() as u64,
+                a.path,
+                seen.found.join(", ")
+            ));
+        }
+        let file_size = info.file_size.unwrap_or(0);
+        let next = offset + data.len() as u64;
+        let note = if next >= file_size {
+            format!(
+                "[{}: bytes {offset}..{next} of {file_size}, base64; the end]",
+                a.path
+            )
+        } else {
+            format!(
+                "[{}: bytes {offset}..{next} of {file_size}, base64; next: offset={next}]",
+                a.path
+            )
+        };
+        use base64::Engine;
+        CallToolResult::success(vec![
+            ContentBlock::text(base64::engine::general_purpose::STANDARD.encode(data)),
+            ContentBlock::text(note),
+        ])
+    }
+
+    /// Replace a file in a sandbox with new content, atomically (its mode is kept):
+    /// text in content, or any bytes base64-encoded in content_base64.
     #[tool(annotations(
         read_only_hint = false,
         destructive_hint = true,
@@ -409,21 +502,64 @@ impl Burrow {
         &self,
         Parameters(a): Parameters<WriteFileArgs>,
     ) -> Result<CallToolResult, ErrorData> {
-        if a.content.len() > MAX_WRITE {
+        let content = match (a.content, a.content_base64) {
+            (Some(c), None) => c,
+            (None, Some(b)) => return Ok(self.write_base64(a.sandbox, a.path, b).await),
+            _ => {
+                return Ok(failed(
+                    "give the file's content as one of content (text) and content_base64",
+                ))
+            }
+        };
+        if content.len() > MAX_WRITE {
             return Ok(failed(format!(
                 "the content is longer than the {MAX_WRITE} bytes one write carries"
             )));
         }
-        let bytes = a.content.len();
+        let bytes = content.len();
         let req = SandboxRequest::Write(WriteRequest {
             path: a.path.clone(),
-            content: a.content,
+            content,
         });
         self.answer(&a.sandbox, req, false, |r| {
             matches!(r, ToolReply::Write { .. })
                 .then(|| format!("wrote {bytes} bytes to {}", a.path))
         })
         .await
+    }
+
+    /// `write_file` with content_base64: the bytes, decoded and bounded,
+    /// through an upload (atomic).
+    async fn write_base64(&self, sandbox: String, path: String, b64: String) -> CallToolResult {
+        if b64.len() > MAX_WRITE.div_ceil(3) * 4 + 4 {
+            return failed(format!(
+                "content_base64 holds more than the {MAX_WRITE} bytes one write carries"
+            ));
+        }
+        use base64::Engine;
+        let data = match base64::engine::general_purpose::STANDARD.decode(b64.trim()) {
+            Ok(d) if d.len() <= MAX_WRITE => d,
+            Ok(_) => {
+                return failed(format!(
+                    "content_base64 holds more than the {MAX_WRITE} bytes one write carries"
+                ))
+            }
+            Err(e) => return failed(format!("content_base64 is not base64: {e}")),
+        };
+        let (root, ns) = (self.root.clone(), self.namespace.clone());
+        let p = path.clone();
+        let done = tokio::task::spawn_blocking(move || {
+            crate::copy::write_bytes(&root, &ns, &sandbox, &p, &data)
+        })
+        .await;
+        match done {
+            Ok(Ok(info)) => shown(redact(
+                &format!("wrote {} bytes to {}", info.size, info.path),
+                false,
+            )),
+            Ok(Err(e)) => failed(format!("{e:#}")),
+            Err(e) => failed(format!("the request was lost: {e}")),
+        }
     }
 
     /// Replace the one exact occurrence of old_string in a file with new_string; if it occurs

@@ -582,6 +582,57 @@ impl Agent {
             .map(drop)
     }
 
+    /// Write `data` to file `path` in container `id`: with `append`, at
+    /// its end (created, mode `mode`, if missing), else replacing it
+    /// atomically; its parent directory must exist.
+    pub async fn put_file(
+        &self,
+        id: &str,
+        path: &str,
+        data: Vec<u8>,
+        mode: u32,
+        append: bool,
+    ) -> Result<()> {
+        let req = pb::WriteFileRequest {
+            container_id: id.into(),
+            path: path.into(),
+            data,
+            mode,
+            append,
+            make_parents: false,
+            ..Default::default()
+        };
+        self.call("WriteFile", self.client.write_file(Self::ctx(), &req))
+            .await
+            .map(drop)
+    }
+
+    /// Rename `from` over `to` in container `id`.
+    pub async fn rename(&self, id: &str, from: &str, to: &str) -> Result<()> {
+        let req = pb::RenameRequest {
+            container_id: id.into(),
+            from: from.into(),
+            to: to.into(),
+            ..Default::default()
+        };
+        self.call("Rename", self.client.rename(Self::ctx(), &req))
+            .await
+            .map(drop)
+    }
+
+    /// Remove file `path` in container `id`.
+    pub async fn remove_file(&self, id: &str, path: &str) -> Result<()> {
+        let req = pb::RemoveRequest {
+            container_id: id.into(),
+            path: path.into(),
+            recursive: false,
+            ..Default::default()
+        };
+        self.call("Remove", self.client.remove(Self::ctx(), &req))
+            .await
+            .map(drop)
+    }
+
     /// Stat `path` in container `id` (not following a final symlink).
     pub async fn stat(&self, id: &str, path: &str) -> Result<pb::FileInfo> {
         let req = pb::PathRequest {

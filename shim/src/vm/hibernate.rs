@@ -17,7 +17,7 @@
 //!   `paused`, `snapshotting`, `asleep`, ...; with `"dir"` for a
 //!   checkpoint) or `{"ok":false,"error":"..."}` (the `burrow sandbox`
 //!   verbs use it). It also takes the tool requests of `burrow exec|read|
-//!   write|ls|edit` ([`super::tools`]), which wake the VM first; an
+//!   write|ls|edit|cp` ([`super::tools`], [`super::copy`]), which wake the VM first; an
 //!   interactive exec (`burrow exec -t|-i`) reads its caller's input lines
 //!   on the same connection ([`read_input`]).
 
@@ -191,12 +191,16 @@ async fn handle_control(sb: &VmSandbox, s: UnixStream) -> std::io::Result<()> {
                 SandboxRequest::Status => Ok(None),
                 SandboxRequest::Checkpoint { name } => sb.checkpoint_named(&name).await.map(Some),
                 SandboxRequest::Exec(r) if r.stream => return stream_exec(sb, r, w, rd).await,
+                SandboxRequest::Upload(r) => return super::copy::upload(sb, r, w, rd).await,
+                SandboxRequest::Download(r) => return super::copy::download(sb, r, w).await,
                 SandboxRequest::In { container, request } => {
                     let run = async {
                         match *request {
                             SandboxRequest::Exec(r) if r.stream => {
                                 stream_exec(sb, r, w, rd).await
                             }
+                            SandboxRequest::Upload(r) => super::copy::upload(sb, r, w, rd).await,
+                            SandboxRequest::Download(r) => super::copy::download(sb, r, w).await,
                             tool => {
                                 let r = sb.tool(tool).await.map_err(|e| e.to_string());
                                 reply(w, SandboxReply::tool(sb.vm.phase().name(), r)).await

@@ -21,6 +21,7 @@
 pub mod agent;
 mod browse;
 pub mod checkpoint;
+mod copy;
 pub mod disk_budget;
 pub mod egress;
 pub mod egress_dns;

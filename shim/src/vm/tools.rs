@@ -129,7 +129,7 @@ impl VmSandbox {
     }
 
     /// The agent (the VM woken if it sleeps) and the container's guest id.
-    async fn tool_agent(&self) -> Result<(Agent, String)> {
+    pub(super) async fn tool_agent(&self) -> Result<(Agent, String)> {
         let guest_id = self.tool_container()?.1.guest_id;
         Ok((self.awake_agent().await?, guest_id))
     }

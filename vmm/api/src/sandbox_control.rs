@@ -21,8 +21,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::sandbox_tools::{
-    AttachRequest, BrowseRequest, EditRequest, ElementRequest, ExecRequest, LsRequest, ReadRequest,
-    ScreenshotRequest, ToolReply, WriteRequest, MAX_WRITE,
+    AttachRequest, BrowseRequest, DownloadRequest, EditRequest, ElementRequest, ExecRequest,
+    LsRequest, ReadRequest, ScreenshotRequest, ToolReply, UploadRequest, WriteRequest, MAX_WRITE,
 };
 
 /// The control socket's file name in a sandbox's state directory.
@@ -68,6 +68,10 @@ pub enum SandboxRequest {
     Ls(LsRequest),
     /// Replace one unique string in a file in the container.
     Edit(EditRequest),
+    /// Copy a file into the container (its bytes follow in frames).
+    Upload(UploadRequest),
+    /// Copy a file out of the container (its bytes come in frames).
+    Download(DownloadRequest),
     /// Load a page in the sandbox's browser and/or read it.
     Browse(BrowseRequest),
     /// Click an element of the browser's page by its index.
@@ -100,6 +104,8 @@ impl SandboxRequest {
             Self::Write(_) => "write",
             Self::Ls(_) => "ls",
             Self::Edit(_) => "edit",
+            Self::Upload(_) => "upload",
+            Self::Download(_) => "download",
             Self::Browse(_) => "browse",
             Self::Click(_) => "click",
             Self::Type(_) => "type",

@@ -21,7 +21,19 @@
 //!
 //! Text only: file contents and output travel as UTF-8 strings (output the
 //! guest wrote that is not UTF-8 arrives with U+FFFD in its place), except
-//! an interactive exec's input and output, which are bytes (base64).
+//! an interactive exec's input and output, which are bytes (base64), and
+//! `burrow cp`'s file contents, which are raw bytes in frames after the
+//! reply lines ([`frame`]):
+//!
+//! ```text
+//! {"cmd":"upload","path":"/tmp/a.bin","name":"a.bin","mode":493,"size":5242880}
+//!     -> {"ok":true,...,"tool":{"tool":"ready","path":"/tmp/a.bin","size":5242880,"mode":493}}
+//!     <- frames: [u32 BE length][bytes] ... [0]
+//!     -> {"ok":true,...,"tool":{"tool":"copied","path":"/tmp/a.bin","size":5242880,"mode":493}}
+//! {"cmd":"download","path":"/tmp/a.bin"}
+//!     -> {..."tool":{"tool":"ready","path":"/tmp/a.bin","size":5242880,"mode":493}}
+//!     -> frames ... [0], then {..."tool":{"tool":"copied",...}} or an error line
+//! ```
 
 use serde::{Deserialize, Serialize};
 
@@ -430,6 +442,144 @@ pub struct ScreenshotOutput {
     pub height: u32,
 }
 
+/// The largest file `burrow cp` moves either way (4 GiB); a larger one is
+/// refused before anything is written.
+pub const MAX_COPY: u64 = 4 << 30;
+/// Most bytes of a file one frame carries (one agent call each).
+pub const COPY_CHUNK: usize = 1 << 20;
+
+/// `burrow cp LOCAL ID:PATH`: replace `path` in the container with the
+/// bytes that follow in frames, atomically (a temporary file beside it,
+/// renamed over it once all of it arrived; removed if not). The parent
+/// directory must exist. When `path` is a directory, the file goes into
+/// it as `name`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UploadRequest {
+    pub path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Permission bits (the local file's); None keeps an existing file's,
+    /// else 0644.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<u32>,
+    /// The size, when known beforehand (refused if over [`MAX_COPY`];
+    /// the upload fails unless exactly this many bytes come).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
+}
+
+/// `burrow cp ID:PATH LOCAL`: the bytes of regular file `path`, from
+/// `offset`, at most `length` of them (None: to the end), in frames.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DownloadRequest {
+    pub path: String,
+    #[serde(default)]
+    pub offset: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub length: Option<u64>,
+}
+
+/// The file a copy moves: its path in the container (a directory's
+/// resolved to the file in it), size in bytes (for `ready` on a download,
+/// the bytes that will come; on an upload, the announced size or 0) and
+/// permission bits.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CopyInfo {
+    pub path: String,
+    pub size: u64,
+    pub mode: u32,
+    /// A download: the whole file's size (`size` is what is sent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file_size: Option<u64>,
+}
+
+/// The framing of `burrow cp`'s bytes on the control connection: each
+/// frame a 4-byte big-endian length and that many bytes (at most
+/// [`COPY_CHUNK`]); a zero length ends them.
+pub mod frame {
+    use super::{COPY_CHUNK, MAX_COPY};
+
+    /// The header of a frame of `len` bytes.
+    pub fn header(len: usize) -> [u8; 4] {
+        u32::try_from(len).unwrap_or(u32::MAX).to_be_bytes()
+    }
+
+    /// The length a header announces, refused past [`COPY_CHUNK`].
+    pub fn parse(h: [u8; 4]) -> Result<usize, String> {
+        let n = u32::from_be_bytes(h) as usize;
+        if n > COPY_CHUNK {
+            return Err(format!(
+                "a frame of {n} bytes is more than the {COPY_CHUNK} one may carry"
+            ));
+        }
+        Ok(n)
+    }
+
+    /// Counts a copy's bytes against its bound: the size announced (no
+    /// more may come, and exactly that many must) or [`MAX_COPY`].
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct Bound {
+        announced: Option<u64>,
+        got: u64,
+    }
+
+    impl Bound {
+        /// A copy of `announced` bytes (None: unknown, up to
+        /// [`MAX_COPY`]); refused when that is over [`MAX_COPY`].
+        pub fn new(announced: Option<u64>) -> Result<Self, String> {
+            match announced {
+                Some(n) if n > MAX_COPY => Err(too_big(n)),
+                _ => Ok(Self { announced, got: 0 }),
+            }
+        }
+
+        /// `n` more bytes came: an error if that passes the bound.
+        pub fn take(&mut self, n: usize) -> Result<(), String> {
+            let got = self.got.saturating_add(n as u64);
+            match self.announced {
+                Some(a) if got > a => {
+                    return Err(format!(
+                        "more than the {a} bytes announced came ({got} so far)"
+                    ))
+                }
+                None if got > MAX_COPY => return Err(too_big(got)),
+                _ => {}
+            }
+            self.got = got;
+            Ok(())
+        }
+
+        /// Bytes so far.
+        pub fn got(&self) -> u64 {
+            self.got
+        }
+
+        /// Bytes still to come before the announced size (None: unknown).
+        pub fn left(&self) -> Option<u64> {
+            self.announced.map(|a| a - self.got)
+        }
+
+        /// The end came: an error if fewer bytes came than announced.
+        pub fn finish(&self) -> Result<u64, String> {
+            match self.announced {
+                Some(a) if self.got != a => Err(format!(
+                    "the copy ended after {} of the {a} bytes announced",
+                    self.got
+                )),
+                _ => Ok(self.got),
+            }
+        }
+    }
+
+    /// The error for a file of `n` bytes.
+    pub fn too_big(n: u64) -> String {
+        format!(
+            "{n} bytes is more than the {} GiB burrow cp copies",
+            MAX_COPY >> 30
+        )
+    }
+}
+
 /// What a tool request returns.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "tool", rename_all = "lowercase")]
@@ -452,6 +602,11 @@ pub enum ToolReply {
     Attach(SessionOutput),
     /// A piece of a streamed exec's output; more lines follow.
     Chunk(OutputChunk),
+    /// A copy ([`UploadRequest`], [`DownloadRequest`]) may begin: frames
+    /// of the file's bytes follow (from the caller for an upload).
+    Ready(CopyInfo),
+    /// A copy is done (an upload: the file is in place).
+    Copied(CopyInfo),
 }
 
 /// A finished (or killed) command.
@@ -656,6 +811,51 @@ mod tests {
             ..e
         };
         assert_eq!(f.mode_string(), "-rw-r-----");
+    }
+
+    #[test]
+    fn copy_frames_are_bounded_and_counted_against_the_announced_size() {
+        assert_eq!(frame::header(0), [0, 0, 0, 0]);
+        assert_eq!(frame::parse(frame::header(COPY_CHUNK)).unwrap(), COPY_CHUNK);
+        assert_eq!(frame::parse(frame::header(5)).unwrap(), 5);
+        let e = frame::parse(frame::header(COPY_CHUNK + 1)).unwrap_err();
+        assert!(e.contains("more than the 1048576"), "{e}");
+        assert!(frame::parse([0xff; 4]).is_err());
+        // An announced size: no more may come, and no less.
+        let mut b = frame::Bound::new(Some(10)).unwrap();
+        b.take(6).unwrap();
+        assert_eq!(b.left(), Some(4));
+        let e = b.finish().unwrap_err();
+        assert!(e.contains("after 6 of the 10 bytes"), "{e}");
+        let e = b.take(5).unwrap_err();
+        assert!(e.contains("more than the 10 bytes announced"), "{e}");
+        b.take(4).unwrap();
+        assert_eq!(b.finish().unwrap(), 10);
+        // None announced: up to MAX_COPY; more than that is refused, as
+        // is announcing more.
+        let mut b = frame::Bound::new(None).unwrap();
+        assert_eq!(b.left(), None);
+        for _ in 0..(MAX_COPY / COPY_CHUNK as u64) {
+            b.take(COPY_CHUNK).unwrap();
+        }
+        assert_eq!(b.got(), MAX_COPY);
+        let e = b.take(1).unwrap_err();
+        assert!(e.contains("more than the 4 GiB"), "{e}");
+        assert!(frame::Bound::new(Some(MAX_COPY)).is_ok());
+        let e = frame::Bound::new(Some(MAX_COPY + 1)).unwrap_err();
+        assert!(e.contains("4294967297 bytes is more than the 4 GiB"), "{e}");
+        // The requests and replies on the wire.
+        let up: UploadRequest = serde_json::from_str(r#"{"path":"/a"}"#).unwrap();
+        assert_eq!((up.name, up.mode, up.size), (None, None, None));
+        let ready = ToolReply::Ready(CopyInfo {
+            path: "/a".into(),
+            size: 3,
+            mode: 0o755,
+            file_size: None,
+        });
+        let text = serde_json::to_string(&ready).unwrap();
+        assert_eq!(text, r#"{"tool":"ready","path":"/a","size":3,"mode":493}"#);
+        assert_eq!(serde_json::from_str::<ToolReply>(&text).unwrap(), ready);
     }
 
     #[test]

@@ -61,11 +61,7 @@ pub fn ask(
     let (dir, routed) = route(root, namespace, id, req)?;
     let start = std::time::Instant::now();
     let result =
-        sandbox::request(&dir, routed.as_ref().unwrap_or(req), timeout).and_then(|reply| {
-            reply
-                .tool
-                .context("the shim answered without a result (is it older than this CLI?)")
-        });
+        sandbox::request(&dir, routed.as_ref().unwrap_or(req), timeout).and_then(tool_result);
     let mut entry = audit::entry(req, &result, start.elapsed(), std::time::SystemTime::now());
     if routed.is_some() {
         entry.args["container"] = id.into();
@@ -130,13 +126,16 @@ pub fn ask_stream(
         streamed += c.data.len() as u64;
         on_chunk(c)
     })
-    .and_then(|reply| {
-        reply
-            .tool
-            .context("the shim answered without a result (is it older than this CLI?)")
-    });
+    .and_then(tool_result);
     record(&dir, id, req, routed.is_some(), &result, start, streamed);
     result
+}
+
+/// The tool result in a shim's reply.
+fn tool_result(reply: burrow_vmm_api::sandbox_control::SandboxReply) -> Result<ToolReply> {
+    reply
+        .tool
+        .context("the shim answered without a result (is it older than this CLI?)")
 }
 
 /// [`ask`] for an interactive `exec` ([`ExecRequest::stdin`]): this
@@ -158,11 +157,7 @@ pub fn ask_interactive(
     let io = crate::interactive::Io::std();
     let req_sent = routed.as_ref().unwrap_or(req);
     let result = crate::interactive::run(&dir, req_sent, timeout, raw, io, &mut streamed)
-        .and_then(|reply| {
-            reply
-                .tool
-                .context("the shim answered without a result (is it older than this CLI?)")
-        });
+        .and_then(tool_result);
     record(&dir, id, req, routed.is_some(), &result, start, streamed);
     result
 }

@@ -10,7 +10,13 @@
 //!
 //! Always dropped: IPv4 link-local (169.254.0.0/16, the cloud metadata
 //! address 169.254.169.254 among them) and AWS's IPv6 metadata address
-//! fd00:ec2::254. Then by mode (annotation `io.burrow.egress`):
+//! fd00:ec2::254; new TCP and UDP to IPv6 link-local addresses; and new
+//! connections (TCP SYNs, UDP, pings) to the node's own addresses
+//! ([`Node`]: every address in PID 1's network namespace), except DNS
+//! (port 53) on the CNI gateway, the pod's resolver when the node runs
+//! one. Replies to connections the node makes into the container (health
+//! probes, `kubectl port-forward`) still leave. Then by mode (annotation
+//! `io.burrow.egress`):
 //!
 //! - `open` (default): everything else leaves;
 //! - `deny`: no new connection leaves: TCP SYNs, UDP and ICMP echo
@@ -25,8 +31,11 @@
 //!
 //! The chain is stateless (a `netdev` hook has no conntrack): it stops new
 //! connections, not a root guest that hand-crafts non-SYN TCP segments.
+//! Fragments, whose ports and flags a stateless rule cannot see, never
+//! reach the node, nor leave at all but in `open` mode.
 //! The table goes with the namespace, and [`teardown`] removes it before.
 
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::net::IpAddr;
@@ -71,6 +80,88 @@ pub struct Allow {
 /// What each name of an allow-list resolved to (sorted, so that two
 /// resolutions compare equal when the addresses are the same).
 pub type Resolved = std::collections::BTreeMap<String, std::collections::BTreeSet<IpAddr>>;
+
+/// Most node addresses written into the table (a node has a handful; a
+/// cap keeps the script bounded on one with thousands).
+pub const MAX_NODE_ADDRS: usize = 256;
+
+/// The node's own addresses, which new connections from the guest never
+/// reach, and the gateways whose DNS port stays open.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Node {
+    addrs: BTreeSet<IpAddr>,
+    dns: BTreeSet<IpAddr>,
+}
+
+impl Node {
+    /// `addrs` as read from the node, less those other rules cover
+    /// (loopback: never routed out of the namespace; link-local: dropped
+    /// above), keeping port 53 open on those of `gateways` among them.
+    pub fn new(addrs: impl IntoIterator<Item = IpAddr>, gateways: &[IpAddr]) -> Self {
+        let addrs: BTreeSet<IpAddr> = addrs
+            .into_iter()
+            .filter(|ip| match ip {
+                IpAddr::V4(v4) => !v4.is_loopback() && !v4.is_link_local() && !v4.is_unspecified(),
+                IpAddr::V6(v6) => {
+                    !v6.is_loopback()
+                        && !v6.is_unspecified()
+                        && (v6.segments()[0] & 0xffc0) != 0xfe80
+                }
+            })
+            .take(MAX_NODE_ADDRS)
+            .collect();
+        let dns = gateways
+            .iter()
+            .filter(|g| addrs.contains(g))
+            .copied()
+            .collect();
+        Self { addrs, dns }
+    }
+
+    /// The drops for the node's addresses, as nftables rules.
+    fn rules(&self, s: &mut String) {
+        let new_tcp = "tcp flags & (syn | ack) == syn";
+        for (fam, v4, icmp) in [("ip", true, "icmp"), ("ip6", false, "icmpv6")] {
+            let set = |which: &mut dyn Iterator<Item = &IpAddr>| {
+                let list: Vec<String> = which
+                    .filter(|ip| ip.is_ipv4() == v4)
+                    .map(|ip| ip.to_string())
+                    .collect();
+                (!list.is_empty()).then(|| format!("{{ {} }}", list.join(", ")))
+            };
+            let Some(all) = set(&mut self.addrs.iter()) else {
+                continue;
+            };
+            // Fragments first: a port or a TCP flag is only in a first
+            // fragment, and a tiny one may not hold the flags at all.
+            let _ = writeln!(
+                s,
+                "    {fam} daddr {all} {} counter drop",
+                FRAGMENT[usize::from(!v4)]
+            );
+            // The gateway's resolver first: only its port 53 is spared.
+            if let Some(dns) = set(&mut self.dns.iter()) {
+                let _ = writeln!(
+                    s,
+                    "    {fam} daddr {dns} tcp dport != 53 {new_tcp} counter drop"
+                );
+                let _ = writeln!(s, "    {fam} daddr {dns} udp dport != 53 counter drop");
+            }
+            let others = set(&mut self.addrs.iter().filter(|ip| !self.dns.contains(ip)));
+            if let Some(others) = others {
+                let _ = writeln!(s, "    {fam} daddr {others} {new_tcp} counter drop");
+                let _ = writeln!(s, "    {fam} daddr {others} meta l4proto udp counter drop");
+            }
+            let _ = writeln!(
+                s,
+                "    {fam} daddr {all} {icmp} type echo-request counter drop"
+            );
+        }
+    }
+}
+
+/// An IPv4 fragment (more to come, or not the first), and an IPv6 one.
+const FRAGMENT: [&str; 2] = ["ip frag-off & 0x3fff != 0", "exthdr frag exists"];
 
 /// Longest DNS name accepted.
 const MAX_NAME: usize = 253;
@@ -177,8 +268,9 @@ impl Egress {
     }
 
     /// The nftables script for tap `tap` forwarding to `out`, with the
-    /// allow-list's names standing for the addresses in `resolved`.
-    pub fn ruleset(&self, tap: &str, out: &str, resolved: &Resolved) -> String {
+    /// allow-list's names standing for the addresses in `resolved`, and
+    /// `node`'s addresses closed to new connections.
+    pub fn ruleset(&self, tap: &str, out: &str, resolved: &Resolved, node: &Node) -> String {
         let mut s = String::new();
         let _ = writeln!(s, "table netdev {TABLE} {{");
         let _ = writeln!(s, "  chain from_guest {{");
@@ -188,7 +280,21 @@ impl Egress {
         );
         let _ = writeln!(s, "    ip daddr 169.254.0.0/16 counter drop");
         let _ = writeln!(s, "    ip6 daddr fd00:ec2::254 counter drop");
+        let _ = writeln!(
+            s,
+            "    ip6 daddr fe80::/10 tcp flags & (syn | ack) == syn counter drop"
+        );
+        let _ = writeln!(s, "    ip6 daddr fe80::/10 meta l4proto udp counter drop");
+        node.rules(&mut s);
         let fwd = format!("fwd to \"{out}\"");
+        if *self != Self::Open {
+            // A stateless filter cannot tell a fragment's connection: no
+            // fragment leaves (a crafted first fragment too small to hold
+            // the TCP flags would slip a SYN past the rules below).
+            for frag in FRAGMENT {
+                let _ = writeln!(s, "    {frag} counter drop");
+            }
+        }
         if let Self::Allow(list) = self {
             for a in list {
                 let nets: Vec<Cidr> = match &a.dest {
@@ -363,19 +469,31 @@ mod tests {
             Egress::Deny,
             "10.1.0.0/16:80".parse().unwrap(),
         ] {
-            let r = mode.ruleset("burrow0", "eth0", &Resolved::new());
+            let r = mode.ruleset("burrow0", "eth0", &Resolved::new(), &Node::default());
             assert!(r.contains("hook ingress device \"burrow0\""), "{r}");
             assert!(r.contains("ip daddr 169.254.0.0/16 counter drop"), "{r}");
             assert!(r.contains("ip6 daddr fd00:ec2::254 counter drop"), "{r}");
             assert!(r.trim_end().ends_with("fwd to \"eth0\"\n  }\n}"), "{r}");
-            assert_eq!(r.contains("syn | ack) == syn"), mode != Egress::Open, "{r}");
+            assert_eq!(
+                r.contains("\n    ip frag-off & 0x3fff != 0 counter drop")
+                    && r.contains("\n    exthdr frag exists counter drop"),
+                mode != Egress::Open,
+                "no fragment leaves but in open mode: {r}"
+            );
+            assert_eq!(
+                r.contains("\n    tcp flags & (syn | ack) == syn"),
+                mode != Egress::Open,
+                "{r}"
+            );
         }
-        let r = "10.1.0.0/16:80"
-            .parse::<Egress>()
-            .unwrap()
-            .ruleset("t", "e", &Resolved::new());
+        let r = "10.1.0.0/16:80".parse::<Egress>().unwrap().ruleset(
+            "t",
+            "e",
+            &Resolved::new(),
+            &Node::default(),
+        );
         let allow = r.find("ip daddr 10.1.0.0/16 tcp dport 80 fwd").unwrap();
-        let deny = r.find("syn | ack").unwrap();
+        let deny = r.find("\n    tcp flags & (syn | ack)").unwrap();
         assert!(
             allow < deny,
             "allowed destinations come before the drops: {r}"
@@ -386,7 +504,7 @@ mod tests {
     fn a_name_stands_for_what_it_resolved_to_and_nothing_else() {
         let mode: Egress = "api.example.com:443, 10.9.0.0/16".parse().unwrap();
         assert_eq!(mode.names(), ["api.example.com"]);
-        let none = mode.ruleset("t", "e", &Resolved::new());
+        let none = mode.ruleset("t", "e", &Resolved::new(), &Node::default());
         assert!(
             !none.contains("dport 443"),
             "unresolved: allows nothing: {none}"
@@ -397,7 +515,7 @@ mod tests {
             "api.example.com".into(),
             ["10.1.2.3".parse().unwrap(), "fd00::7".parse().unwrap()].into(),
         );
-        let r = mode.ruleset("t", "e", &resolved);
+        let r = mode.ruleset("t", "e", &resolved, &Node::default());
         for rule in [
             "ip daddr 10.1.2.3/32 tcp dport 443 fwd",
             "ip daddr 10.1.2.3/32 udp dport 443 fwd",
@@ -406,5 +524,56 @@ mod tests {
             assert!(r.contains(rule), "{rule}: {r}");
         }
         assert!(Egress::Deny.names().is_empty());
+    }
+
+    #[test]
+    fn the_node_is_closed_to_new_connections_in_every_mode_but_its_gateways_dns() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let node = Node::new(
+            [
+                "10.88.0.1",
+                "192.168.5.7",
+                "127.0.0.1",
+                "169.254.1.1",
+                "fe80::1",
+                "fd00::5",
+            ]
+            .map(ip),
+            &[ip("10.88.0.1"), ip("10.99.0.1")],
+        );
+        for mode in [
+            Egress::Open,
+            Egress::Deny,
+            "192.168.5.0/24".parse().unwrap(),
+        ] {
+            let r = mode.ruleset("t", "e", &Resolved::new(), &node);
+            for rule in [
+                "ip daddr { 10.88.0.1 } tcp dport != 53 tcp flags & (syn | ack) == syn counter drop",
+                "ip daddr { 10.88.0.1 } udp dport != 53 counter drop",
+                "ip daddr { 192.168.5.7 } tcp flags & (syn | ack) == syn counter drop",
+                "ip daddr { 192.168.5.7 } meta l4proto udp counter drop",
+                "ip daddr { 10.88.0.1, 192.168.5.7 } icmp type echo-request counter drop",
+                "ip daddr { 10.88.0.1, 192.168.5.7 } ip frag-off & 0x3fff != 0 counter drop",
+                "ip6 daddr { fd00::5 } exthdr frag exists counter drop",
+                "ip6 daddr { fd00::5 } tcp flags & (syn | ack) == syn counter drop",
+                "ip6 daddr fe80::/10 meta l4proto udp counter drop",
+            ] {
+                assert!(r.contains(rule), "{mode:?}: {rule}\n{r}");
+            }
+            assert!(
+                !r.contains("127.0.0.1") && !r.contains("fe80::1 ") && !r.contains("10.99"),
+                "{r}"
+            );
+            // Before anything that forwards, the allow-list included.
+            let node_at = r.find("192.168.5.7").unwrap();
+            assert!(r.find("fwd").unwrap() > node_at, "{r}");
+        }
+        let many = Node::new(
+            (0..=u16::MAX).map(|i| IpAddr::from([10, 0, (i >> 8) as u8, i as u8])),
+            &[],
+        );
+        assert_eq!(many.addrs.len(), MAX_NODE_ADDRS);
+        let none = Egress::Open.ruleset("t", "e", &Resolved::new(), &Node::default());
+        assert!(!none.contains("daddr {"), "no empty sets: {none}");
     }
 }

@@ -63,6 +63,7 @@ pub fn refresher(
     egress: Egress,
     cni_if: String,
     mut current: Resolved,
+    node: egress::Node,
 ) -> Option<Refresher> {
     if egress.names().is_empty() {
         return None;
@@ -78,7 +79,7 @@ pub fn refresher(
             // comes in together.
             let script = format!(
                 "delete table netdev {TABLE}\n{}",
-                egress.ruleset(super::net::TAP_NAME, &cni_if, &now)
+                egress.ruleset(super::net::TAP_NAME, &cni_if, &now, &node)
             );
             let r = super::net::in_netns(&netns, move |_| {
                 Box::pin(async move { egress::nft(&script) })
@@ -131,9 +132,22 @@ mod tests {
 
     #[tokio::test]
     async fn no_names_no_task() {
-        let open = refresher("/x".into(), Egress::Open, "eth0".into(), Resolved::new());
+        let open = refresher(
+            "/x".into(),
+            Egress::Open,
+            "eth0".into(),
+            Resolved::new(),
+            Default::default(),
+        );
         assert!(open.is_none());
         let cidrs: Egress = "10.0.0.0/8:443".parse().unwrap();
-        assert!(refresher("/x".into(), cidrs, "eth0".into(), Resolved::new()).is_none());
+        assert!(refresher(
+            "/x".into(),
+            cidrs,
+            "eth0".into(),
+            Resolved::new(),
+            Default::default()
+        )
+        .is_none());
     }
 }

@@ -116,19 +116,22 @@ impl SandboxNet {
         let rules = egress.clone();
         let resolved = egress_dns::resolve(&egress, &Resolved::new()).await;
         let names = resolved.clone();
-        let (tap, cni_if, guest) = in_netns(netns, move |h| {
+        let node_addrs = node_addresses().await?;
+        let (tap, cni_if, guest, node) = in_netns(netns, move |h| {
             Box::pin(async move {
                 let cni = cni_interface(&h)
                     .await?
                     .ok_or_else(|| net_err("the namespace", "has no interface but lo"))?;
                 let guest = read_config(&h, &cni).await?;
+                let node = egress::Node::new(node_addrs, &gateways(&guest));
                 let tap = open_tap(TAP_NAME)?;
-                wire(&h, &cni, &guest, &rules, &names).await?;
-                Ok((tap, name_of(&cni), guest))
+                wire(&h, &cni, &guest, &rules, &names, &node).await?;
+                Ok((tap, name_of(&cni), guest, node))
             })
         })
         .await?;
-        let refresh = egress_dns::refresher(path.clone(), egress.clone(), cni_if.clone(), resolved);
+        let refresh =
+            egress_dns::refresher(path.clone(), egress.clone(), cni_if.clone(), resolved, node);
         let net = Self {
             netns: path,
             tap,
@@ -192,18 +195,20 @@ impl SandboxNet {
         let rules = self.egress.clone();
         let resolved = egress_dns::resolve(&self.egress, &Resolved::new()).await;
         let names = resolved.clone();
+        let node_addrs = node_addresses().await?;
         let found = in_netns(&self.netns, move |h| {
             Box::pin(async move {
                 let Some(cni) = cni_interface(&h).await? else {
                     return Ok(None);
                 };
                 let guest = read_config(&h, &cni).await?;
-                wire(&h, &cni, &guest, &rules, &names).await?;
-                Ok(Some((name_of(&cni), guest)))
+                let node = egress::Node::new(node_addrs, &gateways(&guest));
+                wire(&h, &cni, &guest, &rules, &names, &node).await?;
+                Ok(Some((name_of(&cni), guest, node)))
             })
         })
         .await?;
-        let Some((cni_if, guest)) = found else {
+        let Some((cni_if, guest, node)) = found else {
             tracing::info!("sandbox network: nothing added to the namespace; loopback only");
             return Ok(None);
         };
@@ -212,6 +217,7 @@ impl SandboxNet {
             self.egress.clone(),
             cni_if.clone(),
             resolved,
+            node,
         );
         self.cni_if = cni_if;
         self.guest = guest.clone();
@@ -353,16 +359,54 @@ async fn wire(
     guest: &GuestNet,
     rules: &Egress,
     names: &Resolved,
+    node: &egress::Node,
 ) -> Result<()> {
     let joined = async {
         join(h, cni, guest.mtu).await?;
-        egress::nft(&rules.ruleset(TAP_NAME, &name_of(cni), names))
+        egress::nft(&rules.ruleset(TAP_NAME, &name_of(cni), names, node))
     };
     if let Err(e) = joined.await {
         let _ = unjoin(h, cni.header.index).await;
         return Err(e);
     }
     Ok(())
+}
+
+/// The node's own addresses: every address in PID 1's network namespace
+/// (the node's, wherever the shim itself runs).
+async fn node_addresses() -> Result<Vec<IpAddr>> {
+    in_netns(Path::new("/proc/1/ns/net"), |h| {
+        Box::pin(async move {
+            let addrs: Vec<_> = h
+                .address()
+                .get()
+                .execute()
+                .try_collect()
+                .await
+                .map_err(|e| net_err("listing the node's addresses", e))?;
+            Ok(addrs
+                .iter()
+                .filter_map(|a| {
+                    let local = a.attributes.iter().find_map(|x| match x {
+                        AddressAttribute::Local(ip) => Some(*ip),
+                        _ => None,
+                    });
+                    local.or_else(|| {
+                        a.attributes.iter().find_map(|x| match x {
+                            AddressAttribute::Address(ip) => Some(*ip),
+                            _ => None,
+                        })
+                    })
+                })
+                .collect())
+        })
+    })
+    .await
+}
+
+/// The gateways of the guest's routes (the CNI gateway).
+fn gateways(guest: &GuestNet) -> Vec<IpAddr> {
+    guest.routes.iter().filter_map(|r| r.gateway).collect()
 }
 
 /// MAC, MTU, global addresses and main-table routes of `link`.

@@ -71,7 +71,12 @@ async fn parts() -> Vec<(&'static str, Result<()>)> {
     .await;
     out.push(("tc ingress redirect (sch_ingress, cls_u32, act_mirred)", tc));
     let nft = if tap_ok {
-        egress::nft(&Egress::Open.ruleset(TAP_NAME, "lo", &egress::Resolved::new()))
+        egress::nft(&Egress::Open.ruleset(
+            TAP_NAME,
+            "lo",
+            &egress::Resolved::new(),
+            &egress::Node::default(),
+        ))
     } else {
         Err(SandboxError::FailedPrecondition("no tap to filter".into()))
     };

@@ -210,3 +210,69 @@ impl Drop for CtrCni {
         ));
     }
 }
+
+/// A namespace standing for a server elsewhere on the network: the
+/// containers reach it through the test host's routing, not on one of the
+/// test host's own addresses (which burrow's egress policy closes to new
+/// connections from a guest, as a node's are). A veth pair,
+/// 10.89.`octet`.1 on the test host and 10.89.`octet`.2 inside.
+pub struct Remote {
+    pub name: String,
+    pub ip: String,
+    veth: String,
+}
+
+impl Remote {
+    pub fn add(name: &str, octet: u8) -> Self {
+        let veth = format!("vrem{octet}");
+        let _ = sh(&format!("ip netns del {name}; ip link del {veth}"));
+        sh_ok(&format!(
+            "ip netns add {name} && ip -n {name} link set lo up \
+             && ip link add {veth} type veth peer name eth0 netns {name} \
+             && ip addr add 10.89.{octet}.1/24 dev {veth} && ip link set {veth} up \
+             && ip -n {name} addr add 10.89.{octet}.2/24 dev eth0 \
+             && ip -n {name} link set eth0 up \
+             && ip -n {name} route add default via 10.89.{octet}.1 \
+             && sysctl -qw net.ipv4.ip_forward=1"
+        ));
+        Self {
+            name: name.into(),
+            ip: format!("10.89.{octet}.2"),
+            veth,
+        }
+    }
+
+    /// busybox httpd serving `dir` on `port` inside the namespace.
+    pub fn serve(&self, dir: &std::path::Path, port: u16) -> crate::KillOnDrop {
+        // `ip netns exec` execs the command: the child is httpd itself.
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.name, "busybox", "httpd", "-f", "-p"])
+            .arg(port.to_string())
+            .arg("-h")
+            .arg(dir)
+            .spawn()
+            .unwrap();
+        let server = crate::KillOnDrop(child);
+        // Up before a client tries it.
+        for _ in 0..50 {
+            let listening = sh(&format!(
+                "ip netns exec {} ss -Hltn sport = :{port}",
+                self.name
+            ));
+            if listening.0 && !listening.1.trim().is_empty() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        server
+    }
+}
+
+impl Drop for Remote {
+    fn drop(&mut self) {
+        let _ = sh(&format!(
+            "ip netns del {}; ip link del {}",
+            self.name, self.veth
+        ));
+    }
+}

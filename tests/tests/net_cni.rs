@@ -7,10 +7,13 @@
 //! tested on its own, with runc as the control.
 //!
 //! Checked as a user would notice: the container has the CNI address on
-//! eth0 and the default route through the bridge; 100 MB go from the test
-//! host into the container (the container downloads them) and back out
-//! (the test host downloads them from an HTTP server in the container on
-//! the CNI address), each arriving intact (SHA-256); after delete nothing
+//! eth0 and the default route through the bridge; 100 MB go from a server
+//! in another namespace of the test host (routed through it, as a server
+//! elsewhere would be) into the container (the container downloads them)
+//! and back out (the test host downloads them from an HTTP server in the
+//! container on the CNI address), each arriving intact (SHA-256); the
+//! test host's own addresses are closed to new connections from a burrow
+//! guest, but for DNS on the gateway, and open to runc's container; after delete nothing
 //! of burrow is left in the namespace (no tap, no ingress qdisc, no
 //! nftables table); the spec's /etc/resolv.conf, /etc/hosts and
 //! /etc/hostname bind mounts reach the container and its DNS lookups reach
@@ -22,7 +25,8 @@
 //! in the guest changing its addresses and routes opens nothing. A TCP
 //! connection from the test host into the container survives hibernate +
 //! wake and checkpoint + restore, and a SIGKILLed VMM leaves nothing in
-//! the namespace. Everything stays
+//! the namespace. A guest flooding its NIC's tx queue cannot starve the
+//! VMM's control API: hibernation and a checkpoint complete through it. Everything stays
 //! inside the test host: its own bridges and namespaces, and the
 //! "metadata" address 169.254.169.254 is an address of the test's bridge.
 
@@ -33,7 +37,7 @@ use std::net::Ipv4Addr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use burrow_tests::cni::{sh, sh_ok, CniNetns, CtrCni, CTR_CNI_PORT};
+use burrow_tests::cni::{sh, sh_ok, CniNetns, CtrCni, Remote, CTR_CNI_PORT};
 use burrow_tests::containerd::{Containerd, CLEAN, IMAGE, LONG, RUNTIME};
 use burrow_tests::dns::TinyDns;
 use burrow_tests::KillOnDrop;
@@ -59,9 +63,11 @@ fn rate(bytes: usize, d: Duration) -> String {
 fn container_network(runtime: &str, name: &str, octet: u8) {
     let c = Containerd::nested(name);
     let ns = CniNetns::add(&format!("burrow-{name}"), octet);
+    let remote = Remote::add(&format!("burrow-r{name}"), octet);
     let id = format!("t-{name}");
 
-    // 100 MB of random data the test host serves on the bridge address.
+    // 100 MB of random data a server elsewhere serves; the test host
+    // serves the same on its own addresses.
     let www = c.dir.join("www");
     std::fs::create_dir_all(&www).unwrap();
     let big = www.join("big");
@@ -69,6 +75,7 @@ fn container_network(runtime: &str, name: &str, octet: u8) {
     let want = sha256(&big);
     std::fs::write(www.join("small"), "small\n").unwrap();
     let _server = serve(&www, 8081);
+    let _remote_server = remote.serve(&www, 8081);
 
     // The files CRI would bind-mount, and a resolver on the bridge.
     let dns_at = format!("{}:53", ns.gateway).parse().unwrap();
@@ -154,7 +161,7 @@ fn container_network(runtime: &str, name: &str, octet: u8) {
             "-c",
             &format!(
                 "wget -q -O /www/big http://{}:8081/big && sha256sum /www/big",
-                ns.gateway
+                remote.ip
             ),
         ],
     );
@@ -187,6 +194,22 @@ fn container_network(runtime: &str, name: &str, octet: u8) {
     );
     let _ = std::fs::remove_file(&back);
     let _ = std::fs::remove_file(&big);
+    // The node: closed to a burrow guest even with egress open (its DNS
+    // on the gateway answered above); runc's container, the control,
+    // shows the server there answers.
+    let node = fetch(
+        &c,
+        &id,
+        "node",
+        &format!("http://{}:8081/small", ns.gateway),
+        if runtime == RUNTIME { "5" } else { "60" },
+    );
+    assert_eq!(
+        node,
+        runtime != RUNTIME,
+        "{runtime}: the test host's own address {} from the container",
+        ns.gateway
+    );
     if runtime == RUNTIME {
         assert!(
             !fetch(&c, &id, "meta", "http://169.254.169.254:8081/small", "5"),
@@ -310,34 +333,37 @@ fn egress_policy_holds_outside_the_guest() {
     let c = Containerd::nested("egress");
     let allow = CniNetns::add("burrow-egress-a", 63);
     let deny = CniNetns::add("burrow-egress-d", 64);
+    let remote = Remote::add("burrow-egress-r", 63);
     let www = c.dir.join("www");
     std::fs::create_dir_all(&www).unwrap();
     std::fs::write(www.join("small"), "small\n").unwrap();
-    let (_s1, _s2) = (serve(&www, 8081), serve(&www, 8082));
+    let (_s1, _s2) = (remote.serve(&www, 8081), remote.serve(&www, 8082));
+    let _node = serve(&www, 8083);
     std::thread::sleep(Duration::from_millis(500));
-    assert!(sh(&format!(
-        "wget -q -T 5 -O - http://{}:8081/small",
-        allow.gateway
-    ))
-    .1
-    .contains("small"));
-    assert!(sh(&format!(
-        "wget -q -T 5 -O - http://{}:8082/small",
-        allow.gateway
-    ))
-    .1
-    .contains("small"));
+    for port in [8081, 8082] {
+        let url = format!("http://{}:{port}/small", remote.ip);
+        assert!(
+            sh(&format!("wget -q -T 5 -O - {url}")).1.contains("small"),
+            "{url}"
+        );
+    }
 
     // The allow-list names the server: the shim resolves it on the test
     // host (its /etc/hosts here).
-    let _name = HostsLine::add(&format!("{} egress-allowed.burrow.test", allow.gateway));
-    run_in(&c, &allow, "t-allow", "egress-allowed.burrow.test:8081");
+    // The test host's own address is listed too: the node stays closed.
+    let _name = HostsLine::add(&format!("{} egress-allowed.burrow.test", remote.ip));
+    run_in(
+        &c,
+        &allow,
+        "t-allow",
+        &format!("egress-allowed.burrow.test:8081,{}", allow.gateway),
+    );
     assert!(
         fetch(
             &c,
             "t-allow",
             "a1",
-            &format!("http://{}:8081/small", allow.gateway),
+            &format!("http://{}:8081/small", remote.ip),
             "60"
         ),
         "listed: must pass\n{}",
@@ -348,7 +374,7 @@ fn egress_policy_holds_outside_the_guest() {
             &c,
             "t-allow",
             "a2",
-            &format!("http://{}:8082/small", allow.gateway),
+            &format!("http://{}:8082/small", remote.ip),
             "5"
         ),
         "other port: refused"
@@ -357,8 +383,18 @@ fn egress_policy_holds_outside_the_guest() {
         !fetch(
             &c,
             "t-allow",
+            "a4",
+            &format!("http://{}:8083/small", allow.gateway),
+            "5"
+        ),
+        "the node's own address, though listed: refused"
+    );
+    assert!(
+        !fetch(
+            &c,
+            "t-allow",
             "a3",
-            "http://169.254.169.254:8081/small",
+            "http://169.254.169.254:8083/small",
             "5"
         ),
         "metadata: refused"
@@ -370,13 +406,13 @@ fn egress_policy_holds_outside_the_guest() {
             &c,
             "t-deny",
             "d1",
-            &format!("http://{}:8081/small", deny.gateway),
+            &format!("http://{}:8081/small", remote.ip),
             "5"
         ),
         "deny: refused"
     );
     assert!(
-        !fetch(&c, "t-deny", "d2", "http://169.254.169.254:8081/small", "5"),
+        !fetch(&c, "t-deny", "d2", "http://169.254.169.254:8083/small", "5"),
         "metadata: refused"
     );
     // Root in the guest moves its address and routes: still nothing out.
@@ -385,8 +421,9 @@ fn egress_policy_holds_outside_the_guest() {
         &format!(
             "ip addr add 10.88.64.77/24 dev eth0; ip route replace default via {gw} dev eth0 src 10.88.64.77; \
              ip link set eth0 down; ip link set eth0 up; ip route replace default via {gw} dev eth0; \
-             timeout 5 wget -q -O - http://{gw}:8081/small",
-            gw = deny.gateway
+             timeout 5 wget -q -O - http://{far}:8081/small",
+            gw = deny.gateway,
+            far = remote.ip,
         ),
     ]);
     assert_ne!(
@@ -456,7 +493,7 @@ fn without_cni_the_guest_has_loopback_only() {
 /// gave the namespace of the task pid, serves the test host on it and
 /// reaches the test host; once the task is killed ctr's CNI DEL releases
 /// the address and nothing is left.
-fn ctr_run_cni(c: &Containerd, cni: &CtrCni, runtime: &str, id: &str, gateway: &str) {
+fn ctr_run_cni(c: &Containerd, cni: &CtrCni, runtime: &str, id: &str, gateway: &str, remote: &str) {
     let run = c.spawn_ctr(&[
         "run",
         "--rm",
@@ -510,7 +547,7 @@ fn ctr_run_cni(c: &Containerd, cni: &CtrCni, runtime: &str, id: &str, gateway: &
             .is_some_and(|p| p.parse::<u32>().is_ok())),
         "{runtime}: ctr task ps lists the container's processes: {ps:?}"
     );
-    // The test host reaches its server; it reaches the test host's.
+    // The test host reaches its server; it reaches a server elsewhere.
     let got = sh_ok(&format!("wget -q -T 60 -O - http://{ip}:8080/small"));
     assert_eq!(got.trim(), "small", "{runtime}: into the container");
     assert!(
@@ -518,7 +555,7 @@ fn ctr_run_cni(c: &Containerd, cni: &CtrCni, runtime: &str, id: &str, gateway: &
             c,
             id,
             "out",
-            &format!("http://{gateway}:{CTR_CNI_PORT}/small"),
+            &format!("http://{remote}:{CTR_CNI_PORT}/small"),
             "60"
         ),
         "{runtime}: out of the container"
@@ -555,9 +592,17 @@ fn ctr_run_cni_configures_the_namespace_of_the_task_pid() {
     let www = c.dir.join("www");
     std::fs::create_dir_all(&www).unwrap();
     std::fs::write(www.join("small"), "small\n").unwrap();
-    let _server = serve(&www, CTR_CNI_PORT);
-    ctr_run_cni(&c, &cni, "io.containerd.runc.v2", "t-cni-runc", gateway);
-    ctr_run_cni(&c, &cni, RUNTIME, "t-cni", gateway);
+    let remote = Remote::add("burrow-ctrcni-r", 65);
+    let _server = remote.serve(&www, CTR_CNI_PORT);
+    ctr_run_cni(
+        &c,
+        &cni,
+        "io.containerd.runc.v2",
+        "t-cni-runc",
+        gateway,
+        &remote.ip,
+    );
+    ctr_run_cni(&c, &cni, RUNTIME, "t-cni", gateway, &remote.ip);
 }
 
 /// One line through the echo server at `s`: what comes back.
@@ -643,6 +688,97 @@ fn a_tcp_connection_from_the_test_host_survives_hibernation_checkpoint_and_resto
     c.wait_status("t-tcp2", "STOPPED", LONG);
     assert_eq!(c.ctr(&["task", "delete", "t-tcp2"]).code, Some(0));
     assert_eq!(c.ctr(&["containers", "delete", "t-tcp2"]).code, Some(0));
+    c.assert_clean(CLEAN);
+    assert_namespace_clean(&ns);
+}
+
+/// Frames the guest's NIC has handed the tap so far (the tap's rx).
+fn tap_frames(ns: &CniNetns) -> u64 {
+    sh_ok(&format!(
+        "ip netns exec {} cat /sys/class/net/burrow0/statistics/rx_packets",
+        ns.name
+    ))
+    .trim()
+    .parse()
+    .unwrap()
+}
+
+#[test]
+fn a_guest_flooding_its_nic_cannot_starve_the_vmm_control_api() {
+    let c = Containerd::nested("netflood");
+    let ns = CniNetns::add("burrow-netflood", 67);
+    let id = "t-flood";
+    let with_ns = format!("network:{}", ns.path());
+    // Two UDP blasters at the test host's own address: the egress policy
+    // drops each frame at the tap, so nothing answers and nothing slows
+    // them; the VMM moves every frame from the tx queue to the tap.
+    let flood = format!(
+        "for p in 9 10; do (while true; do cat /dev/zero | nc -u {} $p; done) & done; exec sleep 100000",
+        ns.gateway
+    );
+    let r = c.ctr(&[
+        "run",
+        "-d",
+        "--runtime",
+        RUNTIME,
+        "--with-ns",
+        &with_ns,
+        IMAGE,
+        id,
+        "sh",
+        "-c",
+        &flood,
+    ]);
+    assert_eq!(r.code, Some(0), "{r:?}\n{}", c.diagnostics());
+    c.wait_status(id, "RUNNING", LONG);
+    let flowing = |what: &str| {
+        let before = tap_frames(&ns);
+        std::thread::sleep(Duration::from_secs(3));
+        let after = tap_frames(&ns);
+        eprintln!("netflood {what}: {} frames in 3 s", after - before);
+        assert!(
+            after > before + 1000,
+            "{what}: the guest is not flooding its NIC ({before} -> {after} frames)\n{}",
+            ns_state(&ns)
+        );
+    };
+    flowing("before hibernating");
+
+    // The VMM's control API answers through the flood: a snapshot
+    // (hibernation) completes, and the VM wakes with the flood going on.
+    let state_dir = c.burrow_state().display().to_string();
+    let h = c.burrow(&["sandbox", "hibernate", "--state-dir", &state_dir, id]);
+    assert!(
+        h.code == Some(0) && !h.timed_out,
+        "hibernate during a tx flood: {h:?}\n{}",
+        c.diagnostics()
+    );
+    let got = c.exec_ok(id, "wake", &["pidof", "nc"]);
+    assert!(
+        !got.trim().is_empty() && got.split_whitespace().all(|p| p.parse::<u32>().is_ok()),
+        "the blasters went on after the wake: {got:?}"
+    );
+    flowing("after the wake");
+    // A checkpoint of the running VM (a snapshot, then it runs on).
+    let cp = c.burrow(&[
+        "sandbox",
+        "checkpoint",
+        "--state-dir",
+        &state_dir,
+        id,
+        "flood-cp",
+    ]);
+    assert!(
+        cp.code == Some(0) && !cp.timed_out,
+        "checkpoint during a tx flood: {cp:?}\n{}",
+        c.diagnostics()
+    );
+    flowing("after the checkpoint");
+
+    c.ctr(&["task", "kill", "-s", "KILL", id]);
+    c.wait_status(id, "STOPPED", LONG);
+    assert_eq!(c.ctr(&["task", "delete", id]).code, Some(0));
+    assert_eq!(c.ctr(&["containers", "delete", id]).code, Some(0));
     c.assert_clean(CLEAN);
     assert_namespace_clean(&ns);
 }

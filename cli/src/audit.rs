@@ -2,12 +2,15 @@
 //! `burrow mcp`) is appended to `<sandbox state dir>/audit.jsonl` on the
 //! host, one JSON line each: time, tool, arguments (secrets redacted, file
 //! contents as their size), result size, exit status, duration, error.
+//! An interactive exec's input (typed at a terminal or piped) is recorded
+//! too: its size and its first [`MAX_ARG`] bytes, redacted ([`Typed`]).
 //! `burrow audit ID [--json]` prints it. The file lives beside the
 //! sandbox's control socket, so it outlasts hibernation and wake; it is
 //! bounded (the oldest half is dropped past [`MAX_LOG`]).
 
 use std::io::{BufRead, BufReader, Read, Seek, Write};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
@@ -114,6 +117,54 @@ pub fn entry(
         exit_status,
         duration_ms: u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
         error,
+    }
+}
+
+/// What an interactive exec read from its input (typed or piped): how
+/// many bytes, and the first [`MAX_ARG`] of them, kept as they are read.
+#[derive(Debug, Clone, Default)]
+pub struct Typed(Arc<Mutex<(u64, Vec<u8>)>>);
+
+impl Typed {
+    /// `input`, with what is read from it recorded here.
+    pub fn tee(&self, input: Box<dyn Read + Send>) -> Box<dyn Read + Send> {
+        Box::new(Tee {
+            input,
+            typed: self.clone(),
+        })
+    }
+
+    fn add(&self, data: &[u8]) {
+        let mut g = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        g.0 += data.len() as u64;
+        let room = (MAX_ARG + 1).saturating_sub(g.1.len());
+        let keep = data.get(..room.min(data.len())).unwrap_or_default();
+        g.1.extend_from_slice(keep);
+    }
+
+    /// Record it in `e`'s arguments: `input_bytes`, and `input` as text
+    /// (redacted, control characters escaped by JSON, cut with `[...]`).
+    pub fn note(&self, e: &mut Entry) {
+        let g = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut text = clean(&String::from_utf8_lossy(&g.1));
+        if g.0 > g.1.len() as u64 && !text.ends_with("[...]") {
+            text.push_str("[...]");
+        }
+        e.args["input_bytes"] = g.0.into();
+        e.args["input"] = text.into();
+    }
+}
+
+struct Tee {
+    input: Box<dyn Read + Send>,
+    typed: Typed,
+}
+
+impl Read for Tee {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.input.read(buf)?;
+        self.typed.add(buf.get(..n).unwrap_or_default());
+        Ok(n)
     }
 }
 
@@ -237,5 +288,57 @@ mod tests {
             text(&back[1])
         );
         assert!(text(&back[0]).contains("exit 3"));
+    }
+
+    #[test]
+    fn typed_input_is_counted_kept_in_part_and_redacted() {
+        let exec = SandboxRequest::Exec(ExecRequest {
+            args: vec!["sh".into()],
+            ..Default::default()
+        });
+        let typed = Typed::default();
+        let mut input = format!(
+            "echo hi\r\x7fexport AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY\n{}",
+            "y".repeat(3 * MAX_ARG)
+        )
+        .into_bytes();
+        input.push(0xff);
+        let mut tee = typed.tee(Box::new(std::io::Cursor::new(input.clone())));
+        let mut read = Vec::new();
+        tee.read_to_end(&mut read).unwrap();
+        assert_eq!(read, input, "the tee passes everything through");
+        let mut e = entry(
+            &exec,
+            &Ok(ToolReply::Exec(ExecOutput::default())),
+            Duration::ZERO,
+            SystemTime::UNIX_EPOCH,
+        );
+        typed.note(&mut e);
+        assert_eq!(e.args["input_bytes"], input.len() as u64);
+        let text = e.args["input"].as_str().unwrap();
+        assert!(text.starts_with("echo hi\r\u{7f}export "), "{text:?}");
+        assert!(!text.contains("wJalrXUtnFEMI"), "redacted: {text}");
+        assert!(
+            text.ends_with("[...]") && text.len() <= MAX_ARG + 5,
+            "{}",
+            text.len()
+        );
+        let line = serde_json::to_string(&e).unwrap();
+        assert!(
+            line.contains("echo hi\\r") && !line.bytes().any(|b| b < 0x20),
+            "control characters escaped: {line}"
+        );
+        let none = Typed::default();
+        let mut e = entry(
+            &exec,
+            &Ok(ToolReply::Exec(ExecOutput::default())),
+            Duration::ZERO,
+            SystemTime::UNIX_EPOCH,
+        );
+        none.note(&mut e);
+        assert_eq!(
+            (e.args["input_bytes"].as_u64(), e.args["input"].as_str()),
+            (Some(0), Some(""))
+        );
     }
 }

@@ -149,7 +149,16 @@ impl Conn {
     }
 
     fn record(&self, id: &str, req: &SandboxRequest, result: &Result<ToolReply>, bytes: u64) {
-        crate::tools::record(&self.dir, id, req, self.routed, result, self.start, bytes);
+        crate::tools::record(
+            &self.dir,
+            id,
+            req,
+            self.routed,
+            result,
+            self.start,
+            bytes,
+            None,
+        );
     }
 }
 

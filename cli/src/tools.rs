@@ -127,7 +127,16 @@ pub fn ask_stream(
         on_chunk(c)
     })
     .and_then(tool_result);
-    record(&dir, id, req, routed.is_some(), &result, start, streamed);
+    record(
+        &dir,
+        id,
+        req,
+        routed.is_some(),
+        &result,
+        start,
+        streamed,
+        None,
+    );
     result
 }
 
@@ -141,8 +150,8 @@ fn tool_result(reply: burrow_vmm_api::sandbox_control::SandboxReply) -> Result<T
 /// [`ask`] for an interactive `exec` ([`ExecRequest::stdin`]): this
 /// process's stdin relayed, its output written as it comes (see
 /// [`crate::interactive`]; `raw`: this terminal in raw mode meanwhile).
-/// The audit log counts the output in the result's size; what was typed
-/// is not logged.
+/// The audit log counts the output in the result's size and records the
+/// input ([`audit::Typed`]).
 pub fn ask_interactive(
     root: &std::path::Path,
     namespace: &str,
@@ -154,17 +163,30 @@ pub fn ask_interactive(
     let (dir, routed) = route(root, namespace, id, req)?;
     let start = std::time::Instant::now();
     let mut streamed = 0u64;
-    let io = crate::interactive::Io::std();
+    let typed = audit::Typed::default();
+    let mut io = crate::interactive::Io::std();
+    io.input = typed.tee(io.input);
     let req_sent = routed.as_ref().unwrap_or(req);
     let result = crate::interactive::run(&dir, req_sent, timeout, raw, io, &mut streamed)
         .and_then(tool_result);
-    record(&dir, id, req, routed.is_some(), &result, start, streamed);
+    let routed = routed.is_some();
+    record(
+        &dir,
+        id,
+        req,
+        routed,
+        &result,
+        start,
+        streamed,
+        Some(&typed),
+    );
     result
 }
 
 /// Append tool request `req`'s `result` to the audit log in `dir` (`routed`:
 /// it went to container `id` of a pod; `streamed`: output bytes that came
-/// before the result).
+/// before the result; `typed`: an interactive exec's input).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn record(
     dir: &std::path::Path,
     id: &str,
@@ -173,9 +195,13 @@ pub(crate) fn record(
     result: &Result<ToolReply>,
     start: std::time::Instant,
     streamed: u64,
+    typed: Option<&audit::Typed>,
 ) {
     let mut entry = audit::entry(req, result, start.elapsed(), std::time::SystemTime::now());
     entry.result_bytes += streamed;
+    if let Some(typed) = typed {
+        typed.note(&mut entry);
+    }
     if routed {
         entry.args["container"] = id.into();
     }

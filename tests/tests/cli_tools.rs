@@ -263,12 +263,46 @@ fn interactive(c: &Containerd) {
     }
 
     // -i: piped stdin on a pipe, whose end closes the command's stdin.
-    let r = c.burrow_with(&["exec", "-i", ID, "--", "sh"], Some(b"echo hi\nexit 5\n"));
+    let piped = b"echo hi\n: ghp_0123456789abcdefghijklmnopqrstuvwxyzAB\nexit 5\n";
+    let r = c.burrow_with(&["exec", "-i", ID, "--", "sh"], Some(piped));
     assert_eq!(r.code, Some(5), "{r:?}\n{}", c.diagnostics());
     assert_eq!(r.stdout, "hi\n", "{r:?}");
     let r = c.burrow_with(&["exec", "-i", ID, "--", "wc", "-c"], Some(&[b'x'; 100_000]));
     ok(c, "exec -i wc -c", &r);
     assert_eq!(r.stdout.trim(), "100000", "{r:?}");
+    // The audit log has what each session was given: what was typed at
+    // the terminal, the piped script with its token redacted, and a long
+    // input's size with its start.
+    let audit = c.burrow(&["audit", ID, "--json"]);
+    ok(c, "audit", &audit);
+    let inputs: Vec<(u64, String)> = audit
+        .stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["tool"] == "exec" && e["args"]["input_bytes"].is_u64())
+        .map(|e| {
+            let text = e["args"]["input"].as_str().unwrap_or_default().to_string();
+            (e["args"]["input_bytes"].as_u64().unwrap_or_default(), text)
+        })
+        .collect();
+    let typed = inputs
+        .iter()
+        .any(|(_, t)| t.starts_with("echo $((6*7))\rstty size\rstty size\r"));
+    assert!(typed, "the typed session: {inputs:?}");
+    let script = inputs.iter().find(|(_, t)| t.starts_with("echo hi\n"));
+    assert!(
+        script.is_some_and(|(n, t)| *n == piped.len() as u64
+            && t.contains("[REDACTED")
+            && !t.contains("ghp_0123")
+            && t.ends_with("exit 5\n")),
+        "the piped script, redacted: {inputs:?}"
+    );
+    assert!(
+        inputs
+            .iter()
+            .any(|(n, t)| *n == 100_000 && t.starts_with("xxxx") && t.ends_with("[...]")),
+        "a long input: its size and its start: {inputs:?}"
+    );
     // -t with piped stdin: it goes to the guest's terminal (echoed there),
     // and its end is ^D there: a read of the terminal sees its end.
     let r = c.burrow_with(

@@ -50,11 +50,7 @@ pub struct Entry {
 fn clean(s: &str) -> String {
     let mut t = redact(s, false).text;
     if t.len() > MAX_ARG {
-        let mut at = MAX_ARG;
-        while !t.is_char_boundary(at) {
-            at -= 1;
-        }
-        t.truncate(at);
+        t.truncate(t.floor_char_boundary(MAX_ARG));
         t.push_str("[...]");
     }
     t

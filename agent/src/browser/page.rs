@@ -295,11 +295,7 @@ pub async fn text(cdp: &Cdp, page: &str, max: usize, elements: bool) -> Result<(
         .unwrap_or_default()
         .to_string();
     if t.len() > max {
-        let mut cut = max;
-        while !t.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        t.truncate(cut);
+        t.truncate(t.floor_char_boundary(max));
         truncated = true;
     }
     Ok((t, truncated))

@@ -16,12 +16,8 @@ const MAX_KEPT: usize = 64;
 const MAX_KEPT_BYTES: usize = 64 << 20;
 
 /// `s` cut at most at `at`, on a character boundary at or before it.
-fn floor(s: &str, mut at: usize) -> usize {
-    at = at.min(s.len());
-    while !s.is_char_boundary(at) {
-        at -= 1;
-    }
-    at
+fn floor(s: &str, at: usize) -> usize {
+    s.floor_char_boundary(at)
 }
 
 /// `text` (stream `name` of output `reference`) within `budget` bytes: all
@@ -32,10 +28,7 @@ pub fn inline(text: &str, budget: usize, name: &str, reference: &str) -> String 
         return text.to_string();
     }
     let head = floor(text, budget / 4);
-    let mut tail = text.len() - (budget - head);
-    while !text.is_char_boundary(tail) {
-        tail += 1;
-    }
+    let tail = text.ceil_char_boundary(text.len() - (budget - head));
     let shown = head + (text.len() - tail);
     format!(
         "{}\n[truncated: showing {shown} of {} bytes of {name} (the first {head} and the last {}); \

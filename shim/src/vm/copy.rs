@@ -58,14 +58,7 @@ fn join(dir: &str, name: &str) -> String {
 /// A fresh temporary name beside `path`: `.NAME.burrow-cp-RANDOM`.
 fn temp_beside(path: &str) -> Result<String> {
     let (parent, name) = split(path)?;
-    let mut stem = name.to_string();
-    if stem.len() > MAX_TEMP_STEM {
-        let mut at = MAX_TEMP_STEM;
-        while !stem.is_char_boundary(at) {
-            at -= 1;
-        }
-        stem.truncate(at);
-    }
+    let stem = &name[..name.floor_char_boundary(MAX_TEMP_STEM)];
     let mut random = [0u8; 8];
     getrandom(&mut random);
     Ok(join(

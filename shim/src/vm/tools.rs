@@ -334,13 +334,7 @@ impl VmSandbox {
 
 /// `s` cut to [`MAX_NAME`] bytes (on a character boundary).
 pub(super) fn cut(mut s: String) -> String {
-    if s.len() > MAX_NAME {
-        let mut at = MAX_NAME;
-        while !s.is_char_boundary(at) {
-            at -= 1;
-        }
-        s.truncate(at);
-    }
+    s.truncate(s.floor_char_boundary(MAX_NAME));
     s
 }
 

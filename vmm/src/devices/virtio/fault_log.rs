@@ -29,11 +29,7 @@ static SEEN: Mutex<Option<Seen>> = Mutex::new(None);
 pub fn warn(args: std::fmt::Arguments<'_>) {
     let mut msg = args.to_string();
     if msg.len() > MAX_MESSAGE {
-        let mut end = MAX_MESSAGE;
-        while !msg.is_char_boundary(end) {
-            end -= 1;
-        }
-        msg.truncate(end);
+        msg.truncate(msg.floor_char_boundary(MAX_MESSAGE));
         msg.push('…');
     }
     let mut h = std::collections::hash_map::DefaultHasher::new();

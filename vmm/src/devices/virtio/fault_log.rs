@@ -84,7 +84,7 @@ fn power_of_ten(mut n: u64) -> bool {
     if n < 10 {
         return false;
     }
-    while n % 10 == 0 {
+    while n.is_multiple_of(10) {
         n /= 10;
     }
     n == 1

@@ -110,7 +110,7 @@ mod tests {
         }
         for i in 0..u64::from(QUEUE_SIZE) {
             let r = rng.next();
-            let addr = if r % 8 == 0 { rng.next() } else { 0x3000 + (rng.next() % 0x1000) };
+            let addr = if r.is_multiple_of(8) { rng.next() } else { 0x3000 + (rng.next() % 0x1000) };
             let len = match r % 5 {
                 0 => rng.next() as u32,
                 1 => 44,
@@ -125,7 +125,7 @@ mod tests {
             m[o + 12..o + 14].copy_from_slice(&flags.to_le_bytes());
             m[o + 14..o + 16].copy_from_slice(&next.to_le_bytes());
         }
-        let avail_idx = if rng.next() % 10 == 0 { rng.next() as u16 } else { (rng.next() % 17) as u16 };
+        let avail_idx = if rng.next().is_multiple_of(10) { rng.next() as u16 } else { (rng.next() % 17) as u16 };
         m[AVAIL as usize + 2..AVAIL as usize + 4].copy_from_slice(&avail_idx.to_le_bytes());
         for i in 0..usize::from(QUEUE_SIZE) {
             let head = (rng.next() % 18) as u16;
@@ -136,7 +136,7 @@ mod tests {
         for _ in 0..4 {
             let o = 0x3000 + (rng.next() % 0xf00) as usize;
             let h = super::super::vsock::packet::Header {
-                src_cid: if rng.next() % 4 == 0 { rng.next() } else { 3 },
+                src_cid: if rng.next().is_multiple_of(4) { rng.next() } else { 3 },
                 dst_cid: 2,
                 src_port: rng.next() as u32,
                 dst_port: (rng.next() % 4) as u32,

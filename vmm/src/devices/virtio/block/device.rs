@@ -184,7 +184,7 @@ impl Block {
     fn do_io(&mut self, mem: &GuestMemoryMmap, req: &Request) -> Result<u32, u8> {
         match req.kind {
             VIRTIO_BLK_T_IN | VIRTIO_BLK_T_OUT => {
-                if req.data_len % SECTOR_SIZE != 0 {
+                if !req.data_len.is_multiple_of(SECTOR_SIZE) {
                     self.base.errors += 1;
                     return Err(VIRTIO_BLK_S_IOERR);
                 }

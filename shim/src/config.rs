@@ -21,8 +21,9 @@
 //! hibernate_idle_secs = 0      # hibernate after this long idle; 0 = never
 //!                              # (annotation io.burrow.hibernate_idle_secs)
 //! vmm_jail = true    # run burrow-vmm jailed (namespaces, no privileges)
-//! vmm_uid = 64100    # the jailed VMM's uid and gid (no account needed)
-//! vmm_gid = 64100
+//! vmm_uid = 64100    # the first of the jailed VMMs' uids (no accounts needed)
+//! vmm_uid_count = 800  # uids vmm_uid.. : one per running sandbox, none shared
+//! vmm_gid = 64100    # the jailed VMMs' gid
 //! pod_disk_slots = 8          # a CRI pod's containers besides its sandbox (1..=16)
 //! browser = false              # attach the browser image to every sandbox
 //!                              # (else annotation io.burrow.browser=true)
@@ -124,7 +125,11 @@ pub struct Config {
     /// Run burrow-vmm in its jail (see `burrow_vmm_api::jail`); off only
     /// to debug.
     pub vmm_jail: bool,
+    /// The first uid of the range each sandbox's VMM gets one of its own
+    /// from ([`crate::vm::jail::UidLease`]).
     pub vmm_uid: u32,
+    /// How many uids the range has: the most sandboxes a host runs at once.
+    pub vmm_uid_count: u32,
     pub vmm_gid: u32,
     pub browser: bool,
     pub browser_image: PathBuf,
@@ -156,6 +161,8 @@ impl Default for Config {
             memory_mib: MemoryBounds::default(),
             vmm_jail: true,
             vmm_uid: burrow_vmm_api::jail::DEFAULT_JAIL_ID,
+            // 64100..=64899: below Debian's reserved 65000.. and nobody.
+            vmm_uid_count: 800,
             vmm_gid: burrow_vmm_api::jail::DEFAULT_JAIL_ID,
             browser: false,
             browser_image: PathBuf::from("/var/lib/burrow/browser.img"),

@@ -5,8 +5,22 @@ use std::path::{Path, PathBuf};
 
 use crate::containerd::Containerd;
 
-/// The uid and gid a jailed burrow-vmm runs as by default.
+/// The gid a jailed burrow-vmm runs as by default, and the first of its
+/// uids (each sandbox's VMM has one of its own).
 pub const JAIL_ID: u32 = 64_100;
+/// How many uids the default range has.
+pub const JAIL_UIDS: u32 = 800;
+
+/// The uid process `pid` runs as (its real uid).
+pub fn uid_of(pid: i32) -> u32 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_else(|e| panic!("process {pid}: {e}"));
+    field(&status, "Uid")
+        .split_whitespace()
+        .next()
+        .and_then(|u| u.parse().ok())
+        .unwrap_or_else(|| panic!("no Uid in /proc/{pid}/status"))
+}
 
 fn field(status: &str, name: &str) -> String {
     status
@@ -45,8 +59,9 @@ fn vmm_pids(dir: &Path) -> Vec<(String, String)> {
 }
 
 impl Containerd {
-    /// Every running burrow-vmm of this containerd runs jailed: the jail's
-    /// uid, no capabilities, no_new_privs, seccomp filters, its own mount,
+    /// Every running burrow-vmm of this containerd runs jailed: a uid of
+    /// the jail's range that no other VMM has, the jail's gid, no
+    /// capabilities, no_new_privs, seccomp filters, its own mount,
     /// network and IPC namespaces, in the sandbox's cgroup (the spec's
     /// `/<namespace>/<id>` under ctr). Fails when no VMM was found.
     /// Returns the VMMs' cgroup directories (for checks after delete).
@@ -59,12 +74,23 @@ impl Containerd {
             self.burrow_state().display()
         );
         let me = std::process::id().to_string();
+        let mut uids = std::collections::BTreeMap::new();
         for (pid, id) in pids {
             let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
                 .unwrap_or_else(|e| panic!("burrow-vmm {pid} is not running: {e}"));
+            let uid = field(&status, "Uid");
+            let first = uid.split_whitespace().next().unwrap_or_default().to_string();
+            assert_eq!(uid, [first.as_str(); 4].join("\t"), "VMM {pid}'s uids:\n{status}");
+            let n: u32 = first.parse().unwrap_or_default();
+            assert!(
+                (JAIL_ID..JAIL_ID + JAIL_UIDS).contains(&n),
+                "VMM {pid}'s uid {n} is of the jail's range:\n{status}"
+            );
+            if let Some(other) = uids.insert(n, id.clone()) {
+                panic!("the VMMs of sandboxes {other} and {id} share uid {n}");
+            }
             let jail_id = JAIL_ID.to_string();
             let ids = [jail_id.as_str(); 4].join("\t");
-            assert_eq!(field(&status, "Uid"), ids, "VMM {pid}'s uid:\n{status}");
             assert_eq!(field(&status, "Gid"), ids, "VMM {pid}'s gid");
             for cap in ["CapPrm", "CapEff", "CapBnd", "CapAmb"] {
                 assert_eq!(field(&status, cap), "0000000000000000", "VMM {pid}'s {cap}");

@@ -183,8 +183,18 @@ fn ctr_task_exec_ps_pause_resume_kill_delete() {
     );
     // The rootfs image, console, logs and sockets are the host root's only.
     c.assert_private();
-    // The VMM containerd's shim started runs in its jail.
+    // The VMM containerd's shim started runs in its jail; with a second
+    // sandbox running beside it, each VMM has a uid of its own.
+    let r = c.ctr(&run(&["-d"], "t-task2", &["sleep", "3600"]));
+    assert_eq!(r.code, Some(0), "{r:?}\n{}", c.diagnostics());
+    c.wait_status("t-task2", "RUNNING", LONG);
     let cgroups = c.assert_jailed();
+    assert_eq!(cgroups.len(), 2, "two VMMs: {cgroups:?}");
+    assert_eq!(c.ctr(&["task", "kill", "-s", "SIGKILL", "t-task2"]).code, Some(0));
+    c.wait_status("t-task2", "STOPPED", LONG);
+    assert_eq!(c.ctr(&["task", "delete", "t-task2"]).code, Some(0));
+    assert_eq!(c.ctr(&["container", "delete", "t-task2"]).code, Some(0));
+    let cgroups: Vec<_> = cgroups.into_iter().filter(|g| g.ends_with("t-task")).collect();
 
     assert_eq!(
         c.ctr(&["task", "kill", "-s", "SIGKILL", "t-task"]).code,
@@ -430,12 +440,8 @@ fn a_container_cannot_reach_the_agent_over_vsock() {
     let control = state.join(format!("vsock.sock_{control_port}"));
     let listener = std::os::unix::net::UnixListener::bind(&control).unwrap();
     // The jailed VMM (its own uid) connects to it.
-    std::os::unix::fs::chown(
-        &control,
-        Some(burrow_tests::jailed::JAIL_ID),
-        Some(burrow_tests::jailed::JAIL_ID),
-    )
-    .unwrap();
+    let vmm_uid = burrow_tests::jailed::uid_of(c.vmm_pid(id));
+    std::os::unix::fs::chown(&control, Some(vmm_uid), Some(burrow_tests::jailed::JAIL_ID)).unwrap();
     std::fs::set_permissions(&control, std::fs::Permissions::from_mode(0o600)).unwrap();
     listener.set_nonblocking(true).unwrap();
     let host_side = std::thread::spawn(move || {

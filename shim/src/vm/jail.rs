@@ -1,9 +1,12 @@
 //! What the shim does for burrow-vmm's jail (`burrow_vmm_api::jail`):
-//! the flags it passes, the sandbox's cgroup it puts the VMM in, and the
+//! the flags it passes, the uid its VMMs run as ([`UidLease`]: one of its
+//! own per sandbox), the sandbox's cgroup it puts the VMM in, and the
 //! state directory the jailed VMM still writes in (its serial log's
 //! rotation, its sockets).
 
-use std::os::unix::fs::PermissionsExt;
+use std::hash::{Hash, Hasher};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
 use burrow_vmm_api::jail::JailArgs;
@@ -73,12 +76,66 @@ pub fn remove_cgroup(state_dir: &Path) {
     }
 }
 
+/// In the state root: one lock file per VMM uid in use.
+const UID_LOCKS: &str = "vmm-uids";
+
+/// A uid of the configured range (`vmm_uid` up to `vmm_uid_count` of
+/// them) that no other sandbox's VMM on this host runs as, held while
+/// this lives: a lock on `<state root>/vmm-uids/<uid>` that the kernel
+/// drops with the shim (its VMMs end with it). Two jailed VMMs never
+/// share a uid, so nothing owned by one (its serial log, its sockets) is
+/// the other's, whatever else fails.
+#[derive(Debug)]
+pub struct UidLease {
+    pub uid: u32,
+    _lock: std::fs::File,
+}
+
+/// Lease a uid for sandbox `key` (which only picks where the search
+/// starts) from the range in `cfg`, locking under `root`.
+pub fn lease_uid(cfg: &Config, root: &Path, key: &str) -> Result<UidLease> {
+    let count = cfg.vmm_uid_count.max(1);
+    let dir = root.join(UID_LOCKS);
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| SandboxError::io(format_args!("making {}", dir.display()), &e))?;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    key.hash(&mut h);
+    let start = u32::try_from(h.finish() % u64::from(count)).unwrap_or(0);
+    for i in 0..count {
+        let Some(uid) = cfg.vmm_uid.checked_add((start + i) % count) else {
+            continue;
+        };
+        let path = dir.join(uid.to_string());
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| SandboxError::io(format_args!("opening {}", path.display()), &e))?;
+        // SAFETY: flock on a descriptor this function owns.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(UidLease { uid, _lock: lock });
+        }
+    }
+    Err(SandboxError::ResourceExhausted(format!(
+        "every VMM uid from {} ({} of them: vmm_uid_count in the burrow config) is in use by another sandbox",
+        cfg.vmm_uid, count
+    )))
+}
+
 /// The jail flags for a VM of the container with OCI spec `spec`, whose
-/// sandbox state directory is `state_dir`: the configured ids, the
-/// sandbox's cgroup and the spec's OOM score (the VMM is the process the
-/// kernel would pick).
-pub fn args(cfg: &Config, spec: &serde_json::Value, state_dir: &Path) -> Result<JailArgs> {
+/// sandbox state directory is `state_dir`, its VMM running as `uid`: the
+/// configured gid, the sandbox's cgroup and the spec's OOM score (the VMM
+/// is the process the kernel would pick).
+pub fn args(
+    cfg: &Config,
+    spec: &serde_json::Value,
+    state_dir: &Path,
+    uid: u32,
+) -> Result<JailArgs> {
     let mut a = flags(cfg, spec);
+    a.jail_uid = uid;
     a.cgroup = make_cgroup(spec, state_dir)?;
     Ok(a)
 }
@@ -115,6 +172,7 @@ pub fn share_state_dir(cfg: &Config, dir: &Path) -> Result<()> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -155,5 +213,29 @@ mod tests {
             assert_eq!(at(bad), None, "{bad}");
         }
         assert_eq!(cgroup_dir(root, &serde_json::json!({})), None);
+    }
+
+    #[test]
+    fn each_sandbox_leases_a_uid_of_its_own_until_it_lets_go() {
+        let root = tempfile::tempdir().unwrap();
+        let cfg = Config {
+            vmm_uid: 70_000,
+            vmm_uid_count: 3,
+            ..Config::default()
+        };
+        // The same key (a retried id) still gets a different uid.
+        let a = lease_uid(&cfg, root.path(), "a").unwrap();
+        let b = lease_uid(&cfg, root.path(), "a").unwrap();
+        let c = lease_uid(&cfg, root.path(), "c").unwrap();
+        let mut uids = vec![a.uid, b.uid, c.uid];
+        uids.sort_unstable();
+        assert_eq!(uids, [70_000, 70_001, 70_002]);
+        let full = lease_uid(&cfg, root.path(), "d").unwrap_err();
+        assert!(full.to_string().contains("vmm_uid_count"), "{full}");
+        let freed = b.uid;
+        drop(b);
+        assert_eq!(lease_uid(&cfg, root.path(), "d").unwrap().uid, freed);
+        let a_args = args(&cfg, &serde_json::json!({}), root.path(), a.uid).unwrap();
+        assert_eq!((a_args.jail_uid, a_args.jail_gid), (a.uid, cfg.vmm_gid));
     }
 }

@@ -92,6 +92,9 @@ pub struct VmSandbox {
     /// Work in flight that keeps it from hibernating on idle: exec'd
     /// processes still running, tool calls not yet answered ([`hibernate::Busy`]).
     busy: std::sync::atomic::AtomicUsize,
+    /// The uid its VMMs run as, leased at the first launch and kept (wake
+    /// and restore reuse it) until the sandbox goes.
+    vmm_uid: std::sync::Mutex<Option<jail::UidLease>>,
     /// Itself, for the tasks it spawns (idle timer, control socket).
     me: Weak<VmSandbox>,
 }
@@ -197,6 +200,7 @@ impl VmSandbox {
             slots: pod::Slots::default(),
             last_activity: std::sync::Mutex::new(Instant::now()),
             busy: std::sync::atomic::AtomicUsize::new(0),
+            vmm_uid: std::sync::Mutex::new(None),
             me: me.clone(),
         })
     }
@@ -301,6 +305,25 @@ impl VmSandbox {
         }
     }
 
+    /// The uid this sandbox's VMMs run as: leased on first use.
+    fn vmm_uid(&self, cfg: &Config) -> Result<u32> {
+        if !cfg.vmm_jail {
+            return Ok(cfg.vmm_uid);
+        }
+        let mut lease = self
+            .vmm_uid
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(l) = lease.as_ref() {
+            return Ok(l.uid);
+        }
+        let key = self.dir.display().to_string();
+        let l = jail::lease_uid(cfg, &cfg.state_dir, &key)?;
+        let uid = l.uid;
+        *lease = Some(l);
+        Ok(uid)
+    }
+
     /// How to start burrow-vmm for a VM of `vcpus` and `memory_mib` on
     /// `disk` (none for a template's VM), restoring `restore` or booting
     /// the configured kernel.
@@ -346,7 +369,7 @@ impl VmSandbox {
                 api: Some(self.path("api.sock")),
                 serial_log: Some(self.path("console.log")),
                 exit_with_parent: true,
-                jail: jail::args(cfg, spec, &self.dir)?,
+                jail: jail::args(cfg, spec, &self.dir, self.vmm_uid(cfg)?)?,
                 ..start
             },
             vcpus,

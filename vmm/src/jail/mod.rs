@@ -19,7 +19,9 @@
 //! - rlimits: open files, locked memory 0, core dumps 0;
 //! - an empty capability bounding set, then the unprivileged uid and gid
 //!   (no supplementary groups), which leaves no capabilities at all;
-//! - not dumpable (VMMs share the uid: none may ptrace another);
+//! - not dumpable (no ptrace of it, no core, even by a VMM that shares
+//!   its uid: the shim gives each sandbox's VMM a uid of its own, but a
+//!   config may not);
 //! - `no_new_privs` is set by `main` for every run.
 //!
 //! Seccomp filters come after, per thread ([`seccomp`]).

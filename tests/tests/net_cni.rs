@@ -746,6 +746,8 @@ fn a_tcp_connection_from_the_test_host_survives_hibernation_checkpoint_and_resto
     let id = "t-tcp";
     let with_ns = format!("network:{}", ns.path());
     let echo_server = ["sh", "-c", "exec nc -l -p 9000 -e cat"];
+    // Egress denied: the echoes leave only as packets of the flow the test
+    // host opened, recorded on the host side of the tap.
     let mut args = vec![
         "run",
         "-d",
@@ -753,6 +755,8 @@ fn a_tcp_connection_from_the_test_host_survives_hibernation_checkpoint_and_resto
         RUNTIME,
         "--with-ns",
         &with_ns,
+        "--annotation",
+        "io.burrow.egress=deny",
         IMAGE,
         id,
     ];

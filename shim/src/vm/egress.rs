@@ -327,7 +327,7 @@ impl Egress {
         }
         let _ = writeln!(s, "table netdev {TABLE} {{");
         let _ = writeln!(s, "  chain {FROM_GUEST} {{");
-        self.from_guest(&mut s, out, resolved, node);
+        self.outbound_rules(&mut s, out, resolved, node);
         let _ = writeln!(s, "  }}");
         let _ = writeln!(s, "  chain {TO_GUEST} {{");
         if *self != Self::Open {
@@ -341,7 +341,7 @@ impl Egress {
         s
     }
 
-    fn from_guest(&self, s: &mut String, out: &str, resolved: &Resolved, node: &Node) {
+    fn outbound_rules(&self, s: &mut String, out: &str, resolved: &Resolved, node: &Node) {
         let _ = writeln!(s, "    ip daddr 169.254.0.0/16 counter drop");
         let _ = writeln!(s, "    ip6 daddr fd00:ec2::254 counter drop");
         let _ = writeln!(

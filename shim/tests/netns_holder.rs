@@ -60,7 +60,7 @@ fn check_network_says_what_works_and_what_does_not() {
     let ok = Command::new(SHIM).arg("check-network").output().unwrap();
     let text = String::from_utf8_lossy(&ok.stdout);
     assert!(ok.status.success(), "{ok:?}");
-    for part in ["tap", "tc ingress redirect", "nftables netdev table"] {
+    for part in ["tap", "tap up", "nftables netdev table"] {
         assert!(
             text.lines()
                 .any(|l| l.starts_with(part) && l.ends_with(": ok")),

@@ -61,9 +61,9 @@ impl CniNetns {
             std::path::Path::new(CNI_BIN).join("bridge").exists(),
             "{CNI_BIN}/bridge is missing: apt-get install containernetworking-plugins (hack/packages)"
         );
-        // The tc pieces burrow's shim uses; autoloading would do too, this
-        // says which ones when they are missing.
-        for m in ["sch_ingress", "cls_u32", "act_mirred"] {
+        // The nftables pieces burrow's shim uses; autoloading would do
+        // too, this says which ones when they are missing.
+        for m in ["nf_tables", "nft_fwd_netdev"] {
             let _ = sh(&format!("modprobe {m}"));
         }
         let bridge = format!("bcni{octet}");

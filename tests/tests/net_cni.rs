@@ -22,7 +22,9 @@
 //! address is refused in every mode, `deny` lets no new connection out
 //! while the container runs and serves, an allow-list (naming its server
 //! by a DNS name the shim resolves) lets out only what it lists, and root
-//! in the guest changing its addresses and routes opens nothing. A TCP
+//! in the guest changing its addresses and routes opens nothing, nor do
+//! hand-made TCP segments that are no new connection (ACK, FIN or RST
+//! with a payload, from a raw socket), which do arrive with egress open. A TCP
 //! connection from the test host into the container survives hibernate +
 //! wake and checkpoint + restore, and a SIGKILLed VMM leaves nothing in
 //! the namespace. A guest flooding its NIC's tx queue cannot starve the
@@ -273,7 +275,7 @@ fn fetch(c: &Containerd, id: &str, exec_id: &str, url: &str, secs: &str) -> bool
 /// What the namespace's tc and nftables saw (for a failure message).
 fn ns_state(ns: &CniNetns) -> String {
     sh(&format!(
-        "ip netns exec {n} nft list ruleset; tc -s -n {n} filter show dev eth0 ingress; ip -s -n {n} link",
+        "ip netns exec {n} nft list ruleset; ip -s -n {n} link",
         n = ns.name
     ))
     .1
@@ -328,11 +330,91 @@ impl Drop for HostsLine {
     }
 }
 
+/// The port hand-made segments are sent to on the remote server.
+const CRAFTED_PORT: u16 = 9201;
+
+/// Send five hand-made TCP segments with flags `flags` and a payload from
+/// a raw socket in container `id` (as root), from port `sport` to
+/// `dst`:`CRAFTED_PORT`: tests/images/tcp-crafter, streamed in through
+/// the exec's stdin.
+fn craft(c: &Containerd, id: &str, exec_id: &str, dst: &str, sport: u16, flags: &str) {
+    let crafter = burrow_tests::asset_from_env("BURROW_TCP_CRAFTER", "tests/images/tcp-crafter");
+    let crafter = std::fs::read(crafter).unwrap();
+    let (port, sport) = (CRAFTED_PORT.to_string(), sport.to_string());
+    let r = c.ctr_with(
+        &[
+            "task",
+            "exec",
+            "--exec-id",
+            exec_id,
+            id,
+            "sh",
+            "-c",
+            "cat >/tmp/tcp-crafter && chmod 755 /tmp/tcp-crafter && exec /tmp/tcp-crafter \"$@\"",
+            "sh",
+            dst,
+            &port,
+            &sport,
+            flags,
+            "5",
+            "exfiltrated-data",
+        ],
+        Some(&crafter),
+        LONG,
+    );
+    eprintln!("craft from {id}: {r:?}");
+    assert_eq!(r.code, Some(0), "the crafter could not send: {r:?}");
+}
+
+/// Counters in `remote`'s namespace, ahead of everything else there, of
+/// the TCP segments to `CRAFTED_PORT` from each of source ports `from`
+/// (whatever address root in a guest gave itself).
+fn count_arrivals(remote: &Remote, from: &[u16]) {
+    let rules: String = from
+        .iter()
+        .map(|p| format!("    tcp sport {p} tcp dport {CRAFTED_PORT} counter\n"))
+        .collect();
+    let script = format!(
+        "table inet burrow_probe {{\n  chain pre {{\n    type filter hook prerouting priority -300; policy accept;\n{rules}  }}\n}}\n"
+    );
+    let mut nft = Command::new("ip")
+        .args(["netns", "exec", &remote.name, "nft", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    nft.stdin
+        .take()
+        .unwrap()
+        .write_all(script.as_bytes())
+        .unwrap();
+    assert!(nft.wait().unwrap().success(), "{script}");
+}
+
+/// How many of the segments counted by [`count_arrivals`] came from port
+/// `sport`.
+fn arrived(remote: &Remote, sport: u16) -> u64 {
+    let chain = sh_ok(&format!(
+        "ip netns exec {} nft list chain inet burrow_probe pre",
+        remote.name
+    ));
+    let line = chain
+        .lines()
+        .find(|l| l.contains(&format!("tcp sport {sport} ")))
+        .unwrap_or_else(|| panic!("no counter for {sport}: {chain}"));
+    let n = line
+        .split_whitespace()
+        .skip_while(|w| *w != "packets")
+        .nth(1);
+    n.and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"))
+}
+
 #[test]
 fn egress_policy_holds_outside_the_guest() {
     let c = Containerd::nested("egress");
     let allow = CniNetns::add("burrow-egress-a", 63);
     let deny = CniNetns::add("burrow-egress-d", 64);
+    let open = CniNetns::add("burrow-egress-o", 68);
     let remote = Remote::add("burrow-egress-r", 63);
     let www = c.dir.join("www");
     std::fs::create_dir_all(&www).unwrap();
@@ -436,7 +518,48 @@ fn egress_policy_holds_outside_the_guest() {
     let inbound = sh_ok(&format!("wget -q -T 30 -O - http://{}:8080/small", deny.ip));
     assert_eq!(inbound.trim(), "small");
 
-    for id in ["t-allow", "t-deny"] {
+    // Root in the guest hand-makes TCP segments that are no new
+    // connection (ACK and PSH, with a payload) to a server elsewhere:
+    // under deny, and to a port the allow-list does not name, none
+    // arrives; with egress open the same segments do (the control: the
+    // crafter works and the path is there).
+    run_in(&c, &open, "t-open", "open");
+    count_arrivals(&remote, &[40001, 40002, 40003]);
+    craft(&c, "t-deny", "c1", &remote.ip, 40001, "AP");
+    craft(&c, "t-allow", "c2", &remote.ip, 40002, "AP");
+    craft(&c, "t-open", "c3", &remote.ip, 40003, "AP");
+    // A FIN or RST with a payload is no better.
+    craft(&c, "t-deny", "c4", &remote.ip, 40001, "FA");
+    craft(&c, "t-deny", "c5", &remote.ip, 40001, "R");
+    std::thread::sleep(Duration::from_secs(1));
+    let (from_deny, from_allow, from_open) = (
+        arrived(&remote, 40001),
+        arrived(&remote, 40002),
+        arrived(&remote, 40003),
+    );
+    eprintln!(
+        "crafted segments arrived: deny {from_deny}, allow-list {from_allow}, open {from_open}"
+    );
+    assert_eq!(
+        from_open,
+        5,
+        "open: every crafted segment must arrive (the control)\n{}",
+        ns_state(&open)
+    );
+    assert_eq!(
+        from_deny,
+        0,
+        "deny: a crafted segment got out\n{}",
+        ns_state(&deny)
+    );
+    assert_eq!(
+        from_allow,
+        0,
+        "allow-list: a crafted segment to a port it does not name got out\n{}",
+        ns_state(&allow)
+    );
+
+    for id in ["t-allow", "t-deny", "t-open"] {
         c.ctr(&["task", "kill", "-s", "KILL", id]);
         c.wait_status(id, "STOPPED", LONG);
         assert_eq!(c.ctr(&["task", "delete", id]).code, Some(0));
@@ -445,6 +568,7 @@ fn egress_policy_holds_outside_the_guest() {
     c.assert_clean(CLEAN);
     assert_namespace_clean(&allow);
     assert_namespace_clean(&deny);
+    assert_namespace_clean(&open);
 }
 
 #[test]
@@ -622,6 +746,8 @@ fn a_tcp_connection_from_the_test_host_survives_hibernation_checkpoint_and_resto
     let id = "t-tcp";
     let with_ns = format!("network:{}", ns.path());
     let echo_server = ["sh", "-c", "exec nc -l -p 9000 -e cat"];
+    // Egress denied: the echoes leave only as packets of the flow the test
+    // host opened, recorded on the host side of the tap.
     let mut args = vec![
         "run",
         "-d",
@@ -629,6 +755,8 @@ fn a_tcp_connection_from_the_test_host_survives_hibernation_checkpoint_and_resto
         RUNTIME,
         "--with-ns",
         &with_ns,
+        "--annotation",
+        "io.burrow.egress=deny",
         IMAGE,
         id,
     ];

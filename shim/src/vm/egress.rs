@@ -2,11 +2,13 @@
 //! host side of the tap, where the guest (even as root with a kernel of
 //! its own) cannot reach it.
 //!
-//! Frames from the guest enter the namespace at the tap's ingress; an
-//! nftables `netdev` chain hooked there filters them and forwards what
-//! passes to the CNI interface (`fwd to`, the nftables twin of tc's mirred
-//! redirect, which the other direction keeps). tc's redirect would bypass
-//! every netfilter hook, so this direction is nftables' own.
+//! One nftables `netdev` table joins the tap to the CNI interface: a chain
+//! on the tap's ingress filters the guest's frames and forwards what
+//! passes to the CNI interface (`fwd to`), and a chain on the CNI
+//! interface's ingress forwards everything to the tap, recording flows on
+//! the way. (tc's mirred redirect used to carry that direction; tc's
+//! ingress runs before netfilter's, so packets it redirected were never
+//! seen by a chain that could record them.)
 //!
 //! Always dropped: IPv4 link-local (169.254.0.0/16, the cloud metadata
 //! address 169.254.169.254 among them) and AWS's IPv6 metadata address
@@ -14,25 +16,40 @@
 //! connections (TCP SYNs, UDP, pings) to the node's own addresses
 //! ([`Node`]: every address in PID 1's network namespace), except DNS
 //! (port 53) on the CNI gateway, the pod's resolver when the node runs
-//! one. Replies to connections the node makes into the container (health
-//! probes, `kubectl port-forward`) still leave. Then by mode (annotation
-//! `io.burrow.egress`):
+//! one. Then by mode (annotation `io.burrow.egress`):
 //!
-//! - `open` (default): everything else leaves;
-//! - `deny`: no new connection leaves: TCP SYNs, UDP and ICMP echo
-//!   requests are dropped; replies to connections made to the container
-//!   still go out;
+//! - `open` (default): everything else leaves; nothing is recorded;
+//! - `deny`: nothing leaves but packets of flows the outside opened: a
+//!   TCP segment or UDP datagram into the guest records its flow (the
+//!   guest's addresses and ports, the peer's, the protocol) in a dynamic
+//!   set, and the guest's packets leave only when they carry a recorded
+//!   flow, refreshing it; pings into the guest likewise let their echo
+//!   replies out. Connections the node makes into the container (health
+//!   probes, `kubectl port-forward`) work; a root guest's hand-made
+//!   segments (non-SYN, with a payload) to anywhere else are dropped, as
+//!   are all other IP protocols, ICMP but those echo replies, fragments
+//!   and non-IP frames but ARP (ICMPv6 neighbour discovery and MLD stay);
 //! - an allow-list, `CIDR[:PORT],...` (IPv6 as `[CIDR]:PORT`) where a
-//!   DNS name may stand for a CIDR (`pypi.org:443`): new TCP/UDP
-//!   connections and pings only to those, as `deny` otherwise. Names are
-//!   resolved on the host when the sandbox's NIC is set up and again every
-//!   [`super::egress_dns::REFRESH`] ([`super::egress_dns`]); a name that
-//!   resolves to nothing allows nothing.
+//!   DNS name may stand for a CIDR (`pypi.org:443`): as `deny`, and TCP
+//!   and UDP to those (every protocol to a CIDR without a port) also
+//!   leave, each new flow recorded so that it outlives a change of what
+//!   a name resolves to. Names are resolved on the host when the
+//!   sandbox's NIC is set up and again every [`super::egress_dns::REFRESH`]
+//!   ([`super::egress_dns`]); a name that resolves to nothing allows
+//!   nothing.
 //!
-//! The chain is stateless (a `netdev` hook has no conntrack): it stops new
-//! connections, not a root guest that hand-crafts non-SYN TCP segments.
-//! Fragments, whose ports and flags a stateless rule cannot see, never
-//! reach the node, nor leave at all but in `open` mode.
+//! Flows are keyed by the guest's address and port, the peer's, and the
+//! protocol. TCP: a SYN or SYN-ACK, and a FIN or RST (after which the
+//! flow is marked closing), keep it [`SHORT`]; other segments
+//! [`TCP_IDLE`]. UDP: [`UDP_TIMEOUT`]. Each set holds at most
+//! [`MAX_FLOWS`]: when full, new flows are not recorded (their packets
+//! from the guest are dropped) until some expire, and the host's memory
+//! stays bounded. The table is loaded and reloaded (the allow-list's
+//! names changing) by one script that flushes and refills the chains and
+//! declares the sets again, which keeps what they hold; it outlives the
+//! VMM (hibernate and wake keep every flow). A table that lost its flows
+//! (a restore into the namespace after the sandbox was deleted) records
+//! an established connection again from its next segment from outside.
 //! The table goes with the namespace, and [`teardown`] removes it before.
 
 use std::collections::BTreeSet;
@@ -267,17 +284,64 @@ impl Egress {
         }
     }
 
-    /// The nftables script for tap `tap` forwarding to `out`, with the
-    /// allow-list's names standing for the addresses in `resolved`, and
-    /// `node`'s addresses closed to new connections.
+    /// The nftables script for tap `tap` joined to `out` (each way an
+    /// ingress chain that forwards), with the allow-list's names standing
+    /// for the addresses in `resolved`, and `node`'s addresses closed to
+    /// new connections. The same script loads the table and reloads it
+    /// (one transaction): the chains are flushed and refilled, the flow
+    /// sets are declared again and so kept with what they hold.
     pub fn ruleset(&self, tap: &str, out: &str, resolved: &Resolved, node: &Node) -> String {
         let mut s = String::new();
         let _ = writeln!(s, "table netdev {TABLE} {{");
-        let _ = writeln!(s, "  chain from_guest {{");
+        for fam in [V4, V6] {
+            for (set, size) in [
+                (fam.flows, MAX_FLOWS),
+                (fam.closing, MAX_FLOWS),
+                (fam.pings, MAX_PINGS),
+            ] {
+                let key = if set == fam.pings {
+                    format!("typeof {fam} saddr . {fam} daddr . {} id", fam.icmp)
+                } else {
+                    format!(
+                        "type {} . {0} . inet_proto . inet_service . inet_service",
+                        fam.addr
+                    )
+                };
+                let _ = writeln!(
+                    s,
+                    "  set {set} {{ {key}; flags dynamic,timeout; size {size}; }}"
+                );
+            }
+        }
         let _ = writeln!(
             s,
-            "    type filter hook ingress device \"{tap}\" priority 0; policy drop;"
+            "  chain {FROM_GUEST} {{ type filter hook ingress device \"{tap}\" priority 0; policy drop; }}"
         );
+        let _ = writeln!(
+            s,
+            "  chain {TO_GUEST} {{ type filter hook ingress device \"{out}\" priority 0; policy accept; }}"
+        );
+        let _ = writeln!(s, "}}");
+        for chain in [FROM_GUEST, TO_GUEST] {
+            let _ = writeln!(s, "flush chain netdev {TABLE} {chain}");
+        }
+        let _ = writeln!(s, "table netdev {TABLE} {{");
+        let _ = writeln!(s, "  chain {FROM_GUEST} {{");
+        self.outbound_rules(&mut s, out, resolved, node);
+        let _ = writeln!(s, "  }}");
+        let _ = writeln!(s, "  chain {TO_GUEST} {{");
+        if *self != Self::Open {
+            for fam in [V4, V6] {
+                fam.flow_rules(&mut s, Dir::ToGuest, &format!("fwd to \"{tap}\""));
+            }
+        }
+        let _ = writeln!(s, "    fwd to \"{tap}\"");
+        let _ = writeln!(s, "  }}");
+        let _ = writeln!(s, "}}");
+        s
+    }
+
+    fn outbound_rules(&self, s: &mut String, out: &str, resolved: &Resolved, node: &Node) {
         let _ = writeln!(s, "    ip daddr 169.254.0.0/16 counter drop");
         let _ = writeln!(s, "    ip6 daddr fd00:ec2::254 counter drop");
         let _ = writeln!(
@@ -285,15 +349,20 @@ impl Egress {
             "    ip6 daddr fe80::/10 tcp flags & (syn | ack) == syn counter drop"
         );
         let _ = writeln!(s, "    ip6 daddr fe80::/10 meta l4proto udp counter drop");
-        node.rules(&mut s);
+        node.rules(s);
         let fwd = format!("fwd to \"{out}\"");
-        if *self != Self::Open {
-            // A stateless filter cannot tell a fragment's connection: no
-            // fragment leaves (a crafted first fragment too small to hold
-            // the TCP flags would slip a SYN past the rules below).
-            for frag in FRAGMENT {
-                let _ = writeln!(s, "    {frag} counter drop");
-            }
+        if *self == Self::Open {
+            let _ = writeln!(s, "    {fwd}");
+            return;
+        }
+        // A fragment's ports are not in it (and a tiny first fragment
+        // may not hold the TCP flags): no fragment leaves.
+        for frag in FRAGMENT {
+            let _ = writeln!(s, "    {frag} counter drop");
+        }
+        // What belongs to a flow already seen leaves.
+        for fam in [V4, V6] {
+            fam.flow_rules(s, Dir::FromGuest, &fwd);
         }
         if let Self::Allow(list) = self {
             for a in list {
@@ -307,31 +376,176 @@ impl Egress {
                         .collect(),
                 };
                 for net in nets {
-                    let fam = if net.ip.is_ipv4() { "ip" } else { "ip6" };
-                    match a.port {
-                        Some(p) => {
-                            for proto in ["tcp", "udp"] {
-                                let _ =
-                                    writeln!(s, "    {fam} daddr {net} {proto} dport {p} {fwd}");
-                            }
-                        }
-                        None => {
-                            let _ = writeln!(s, "    {fam} daddr {net} {fwd}");
-                        }
+                    let fam = if net.ip.is_ipv4() { V4 } else { V6 };
+                    // A new connection to a listed destination: recorded,
+                    // so that it outlives a change of what a name
+                    // resolves to, and forwarded.
+                    let port = a.port.map(|p| format!(" th dport {p}")).unwrap_or_default();
+                    for (proto, timeout) in [("tcp", SHORT), ("udp", UDP_TIMEOUT)] {
+                        let _ = writeln!(
+                            s,
+                            "    {fam} daddr {net} meta l4proto {proto}{port} update @{} {{ {} timeout {timeout} }} {fwd}",
+                            fam.flows,
+                            fam.key(Dir::FromGuest)
+                        );
+                    }
+                    if a.port.is_none() {
+                        let _ = writeln!(s, "    {fam} daddr {net} {fwd}");
                     }
                 }
             }
         }
-        if *self != Self::Open {
-            let _ = writeln!(s, "    tcp flags & (syn | ack) == syn counter drop");
-            let _ = writeln!(s, "    meta l4proto udp counter drop");
-            let _ = writeln!(s, "    icmp type echo-request counter drop");
-            let _ = writeln!(s, "    icmpv6 type echo-request counter drop");
-        }
+        // Nothing else of TCP and UDP, no ICMP but echo replies to pings
+        // recorded above and IPv6's neighbour discovery, no other
+        // protocol: a hostile guest has no channel out but its flows.
+        let _ = writeln!(s, "    meta l4proto {{ tcp, udp }} counter drop");
+        let _ = writeln!(s, "    meta l4proto icmp counter drop");
+        let _ = writeln!(
+            s,
+            "    icmpv6 type != {{ nd-router-solicit, nd-neighbor-solicit, nd-neighbor-advert, mld-listener-report, mld2-listener-report }} counter drop"
+        );
+        let _ = writeln!(
+            s,
+            "    meta protocol {{ ip, ip6 }} meta l4proto != ipv6-icmp counter drop"
+        );
+        let _ = writeln!(s, "    meta protocol != {{ ip, ip6, arp }} counter drop");
         let _ = writeln!(s, "    {fwd}");
-        let _ = writeln!(s, "  }}");
-        let _ = writeln!(s, "}}");
-        s
+    }
+}
+
+/// The chain on the tap's ingress (guest to outside) and the one on the
+/// CNI interface's (outside to guest).
+const FROM_GUEST: &str = "from_guest";
+const TO_GUEST: &str = "to_guest";
+
+/// Most flows (and as many closing ones) per address family: a guest or
+/// a peer that opens more finds new connections refused (or their
+/// replies dropped) until some time out; the host's memory stays bounded
+/// (an element is a few hundred bytes: ~10 MiB per family at most).
+pub const MAX_FLOWS: usize = 65536;
+/// Most pings awaiting their echo reply, per family.
+const MAX_PINGS: usize = 1024;
+/// An idle TCP connection is forgotten after this: longer than Linux's
+/// default keepalive (2 h, then 9 probes 75 s apart), so a connection
+/// kept alive by keepalives on either end is never forgotten.
+const TCP_IDLE: &str = "3h";
+/// A TCP handshake (SYN or SYN-ACK seen) or a closing connection (FIN or
+/// RST seen; what conntrack's TIME_WAIT waits too) is forgotten after
+/// this; it is the timeout of a new connection to a listed destination.
+const SHORT: &str = "2m";
+/// UDP: conntrack's timeout for a UDP stream.
+const UDP_TIMEOUT: &str = "2m";
+/// A ping from outside awaits its echo reply this long.
+const PING_TIMEOUT: &str = "30s";
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Dir {
+    FromGuest,
+    ToGuest,
+}
+
+/// What differs between IPv4 and IPv6 in the flow rules.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Fam {
+    /// `ip` or `ip6`.
+    name: &'static str,
+    addr: &'static str,
+    icmp: &'static str,
+    flows: &'static str,
+    closing: &'static str,
+    pings: &'static str,
+}
+
+const V4: Fam = Fam {
+    name: "ip",
+    addr: "ipv4_addr",
+    icmp: "icmp",
+    flows: "flows4",
+    closing: "closing4",
+    pings: "pings4",
+};
+const V6: Fam = Fam {
+    name: "ip6",
+    addr: "ipv6_addr",
+    icmp: "icmpv6",
+    flows: "flows6",
+    closing: "closing6",
+    pings: "pings6",
+};
+
+impl std::fmt::Display for Fam {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+impl Fam {
+    /// A flow's key, as the guest's packets carry it: guest address,
+    /// peer address, protocol, guest port, peer port.
+    fn key(self, dir: Dir) -> String {
+        let n = self.name;
+        match dir {
+            Dir::FromGuest => format!("{n} saddr . {n} daddr . meta l4proto . th sport . th dport"),
+            Dir::ToGuest => format!("{n} daddr . {n} saddr . meta l4proto . th dport . th sport"),
+        }
+    }
+
+    /// The rules that record and refresh flows, each ending in `act`.
+    /// From the guest, only a packet of a recorded flow matches; towards
+    /// it every TCP segment and UDP datagram records its flow (a peer
+    /// could as well open a new connection: no less safe, and a
+    /// connection into the container outlives a table that lost its
+    /// flows), pings are recorded for their replies.
+    fn flow_rules(self, s: &mut String, dir: Dir, act: &str) {
+        let key = self.key(dir);
+        let (flows, closing) = (self.flows, self.closing);
+        let known = match dir {
+            Dir::FromGuest => format!(" {key} @{flows}"),
+            Dir::ToGuest => String::new(),
+        };
+        // The family said outright: a payload in a set's key brings no
+        // dependency on it along.
+        let proto = match self.name {
+            "ip" => "meta protocol ip",
+            _ => "meta protocol ip6",
+        };
+        let tcp = format!("{proto} meta l4proto tcp");
+        // FIN or RST: closing; forgotten soon, whatever comes after.
+        let _ = writeln!(
+            s,
+            "    {tcp} {key} @{flows} tcp flags & (fin | rst) != 0 update @{closing} {{ {key} timeout {SHORT} }} update @{flows} {{ {key} timeout {SHORT} }} {act}"
+        );
+        let _ = writeln!(
+            s,
+            "    {tcp}{known} {key} @{closing} update @{flows} {{ {key} timeout {SHORT} }} {act}"
+        );
+        let _ = writeln!(
+            s,
+            "    {tcp}{known} tcp flags & (syn | fin | rst) == syn update @{flows} {{ {key} timeout {SHORT} }} {act}"
+        );
+        let _ = writeln!(
+            s,
+            "    {tcp}{known} tcp flags & (fin | rst) == 0 update @{flows} {{ {key} timeout {TCP_IDLE} }} {act}"
+        );
+        let _ = writeln!(
+            s,
+            "    {proto} meta l4proto udp{known} update @{flows} {{ {key} timeout {UDP_TIMEOUT} }} {act}"
+        );
+        let (icmp, n, pings) = (self.icmp, self.name, self.pings);
+        match dir {
+            Dir::FromGuest => {
+                let _ = writeln!(
+                    s,
+                    "    {icmp} type echo-reply {n} saddr . {n} daddr . {icmp} id @{pings} {act}"
+                );
+            }
+            Dir::ToGuest => {
+                let _ = writeln!(
+                    s,
+                    "    {icmp} type echo-request update @{pings} {{ {n} daddr . {n} saddr . {icmp} id timeout {PING_TIMEOUT} }} {act}"
+                );
+            }
+        }
     }
 }
 
@@ -462,6 +676,17 @@ mod tests {
         assert!(many.parse::<Egress>().is_err());
     }
 
+    /// The rules of chain `name` in script `r` (its last definition).
+    fn chain<'a>(r: &'a str, name: &str) -> Vec<&'a str> {
+        let start = r.rfind(&format!("  chain {name} {{\n")).unwrap();
+        r[start..]
+            .lines()
+            .skip(1)
+            .take_while(|l| *l != "  }")
+            .map(str::trim)
+            .collect()
+    }
+
     #[test]
     fn every_mode_drops_metadata_and_only_open_lets_new_connections_out() {
         for mode in [
@@ -471,18 +696,27 @@ mod tests {
         ] {
             let r = mode.ruleset("burrow0", "eth0", &Resolved::new(), &Node::default());
             assert!(r.contains("hook ingress device \"burrow0\""), "{r}");
-            assert!(r.contains("ip daddr 169.254.0.0/16 counter drop"), "{r}");
-            assert!(r.contains("ip6 daddr fd00:ec2::254 counter drop"), "{r}");
-            assert!(r.trim_end().ends_with("fwd to \"eth0\"\n  }\n}"), "{r}");
+            assert!(r.contains("hook ingress device \"eth0\""), "{r}");
+            let out = chain(&r, FROM_GUEST);
+            assert_eq!(out[0], "ip daddr 169.254.0.0/16 counter drop", "{r}");
+            assert!(out.contains(&"ip6 daddr fd00:ec2::254 counter drop"), "{r}");
+            assert_eq!(out.last(), Some(&"fwd to \"eth0\""), "{r}");
             assert_eq!(
-                r.contains("\n    ip frag-off & 0x3fff != 0 counter drop")
-                    && r.contains("\n    exthdr frag exists counter drop"),
+                out.contains(&"ip frag-off & 0x3fff != 0 counter drop")
+                    && out.contains(&"exthdr frag exists counter drop"),
                 mode != Egress::Open,
                 "no fragment leaves but in open mode: {r}"
             );
             assert_eq!(
-                r.contains("\n    tcp flags & (syn | ack) == syn"),
+                out.contains(&"meta l4proto { tcp, udp } counter drop"),
                 mode != Egress::Open,
+                "{r}"
+            );
+            // Towards the guest everything is forwarded.
+            let into = chain(&r, TO_GUEST);
+            assert_eq!(into.last(), Some(&"fwd to \"burrow0\""), "{r}");
+            assert!(
+                into.iter().all(|l| l.ends_with("fwd to \"burrow0\"")),
                 "{r}"
             );
         }
@@ -492,12 +726,105 @@ mod tests {
             &Resolved::new(),
             &Node::default(),
         );
-        let allow = r.find("ip daddr 10.1.0.0/16 tcp dport 80 fwd").unwrap();
-        let deny = r.find("\n    tcp flags & (syn | ack)").unwrap();
+        let allow = r
+            .find("ip daddr 10.1.0.0/16 meta l4proto tcp th dport 80 update @flows4")
+            .unwrap();
+        let deny = r
+            .find("\n    meta l4proto { tcp, udp } counter drop")
+            .unwrap();
         assert!(
             allow < deny,
             "allowed destinations come before the drops: {r}"
         );
+    }
+
+    #[test]
+    fn open_mode_records_nothing_and_forwards_everything_but_the_always_closed() {
+        let r = Egress::Open.ruleset("t", "e", &Resolved::new(), &Node::default());
+        assert!(!r.contains("update @"), "{r}");
+        assert_eq!(chain(&r, TO_GUEST), ["fwd to \"t\""]);
+        let out = chain(&r, FROM_GUEST);
+        assert!(
+            out[..out.len() - 1].iter().all(|l| l.ends_with("drop")),
+            "{r}"
+        );
+    }
+
+    #[test]
+    fn under_deny_only_packets_of_recorded_flows_leave() {
+        let r = Egress::Deny.ruleset("t", "e", &Resolved::new(), &Node::default());
+        let out = chain(&r, FROM_GUEST);
+        let (last, rest) = out.split_last().unwrap();
+        assert_eq!(*last, "fwd to \"e\"");
+        for rule in rest.iter().filter(|l| l.contains("fwd")) {
+            // Every forward looks the packet's flow up first.
+            let flow = rule
+                .contains(" saddr . ip daddr . meta l4proto . th sport . th dport @flows4 ")
+                || rule
+                    .contains(" saddr . ip6 daddr . meta l4proto . th sport . th dport @flows6 ");
+            let ping = rule.contains(" id @pings");
+            assert!(flow || ping, "forwards without a recorded flow: {rule}");
+        }
+        // What the final forward still lets out: ARP and IPv6's
+        // neighbour discovery, nothing else of IP.
+        for drop in [
+            "meta l4proto { tcp, udp } counter drop",
+            "meta l4proto icmp counter drop",
+            "meta protocol { ip, ip6 } meta l4proto != ipv6-icmp counter drop",
+            "meta protocol != { ip, ip6, arp } counter drop",
+        ] {
+            assert!(rest.contains(&drop), "{drop}: {r}");
+        }
+        assert!(
+            rest.iter().any(|l| l.starts_with(
+                "icmpv6 type != { nd-router-solicit, nd-neighbor-solicit, nd-neighbor-advert"
+            ) && l.ends_with("counter drop")),
+            "{r}"
+        );
+        // Towards the guest, every TCP segment and UDP datagram records
+        // its flow as the guest's reply will carry it; FIN and RST
+        // shorten it, an established segment keeps it for TCP_IDLE.
+        let into = chain(&r, TO_GUEST);
+        let key4 = "ip daddr . ip saddr . meta l4proto . th dport . th sport";
+        for want in [
+            format!("meta protocol ip meta l4proto tcp tcp flags & (syn | fin | rst) == syn update @flows4 {{ {key4} timeout {SHORT} }}"),
+            format!("meta protocol ip meta l4proto tcp tcp flags & (fin | rst) == 0 update @flows4 {{ {key4} timeout {TCP_IDLE} }}"),
+            format!("meta protocol ip meta l4proto udp update @flows4 {{ {key4} timeout {UDP_TIMEOUT} }}"),
+            format!("meta protocol ip meta l4proto tcp {key4} @flows4 tcp flags & (fin | rst) != 0 update @closing4 {{ {key4} timeout {SHORT} }}"),
+            "meta protocol ip6 meta l4proto udp update @flows6 { ip6 daddr . ip6 saddr . meta l4proto . th dport . th sport timeout 2m }".into(),
+            "icmp type echo-request update @pings4 { ip daddr . ip saddr . icmp id timeout 30s }".into(),
+        ] {
+            assert!(
+                into.iter().any(|l| l.starts_with(&want)),
+                "{want}\n{r}"
+            );
+        }
+    }
+
+    #[test]
+    fn flows_outlive_a_reload_and_are_bounded() {
+        let mode: Egress = "pypi.org:443".parse().unwrap();
+        let r = mode.ruleset("t", "e", &Resolved::new(), &Node::default());
+        // Loading and reloading are the same script: the table and its
+        // sets declared (kept if there), the chains flushed and refilled.
+        assert!(!r.contains("delete"), "{r}");
+        assert!(
+            r.contains(&format!(
+                "flush chain netdev {TABLE} from_guest\nflush chain netdev {TABLE} to_guest\n"
+            )),
+            "{r}"
+        );
+        for set in ["flows4", "closing4", "flows6", "closing6"] {
+            assert!(
+                r.contains(&format!("  set {set} {{ type "))
+                    && r.contains(&format!("; flags dynamic,timeout; size {MAX_FLOWS}; }}")),
+                "{set}: {r}"
+            );
+        }
+        assert!(r.contains(&format!("  set pings6 {{ typeof ip6 saddr . ip6 daddr . icmpv6 id; flags dynamic,timeout; size {MAX_PINGS}; }}")), "{r}");
+        let decl = r.find("policy drop; }").unwrap();
+        let flush = r.find("flush chain").unwrap();
+        assert!(decl < flush, "{r}");
     }
 
     #[test]
@@ -517,9 +844,9 @@ mod tests {
         );
         let r = mode.ruleset("t", "e", &resolved, &Node::default());
         for rule in [
-            "ip daddr 10.1.2.3/32 tcp dport 443 fwd",
-            "ip daddr 10.1.2.3/32 udp dport 443 fwd",
-            "ip6 daddr fd00::7/128 tcp dport 443 fwd",
+            "ip daddr 10.1.2.3/32 meta l4proto tcp th dport 443 update @flows4",
+            "ip daddr 10.1.2.3/32 meta l4proto udp th dport 443 update @flows4",
+            "ip6 daddr fd00::7/128 meta l4proto tcp th dport 443 update @flows6",
         ] {
             assert!(r.contains(rule), "{rule}: {r}");
         }
@@ -565,8 +892,10 @@ mod tests {
                 "{r}"
             );
             // Before anything that forwards, the allow-list included.
-            let node_at = r.find("192.168.5.7").unwrap();
-            assert!(r.find("fwd").unwrap() > node_at, "{r}");
+            let out = chain(&r, FROM_GUEST);
+            let node_at = out.iter().position(|l| l.contains("192.168.5.7")).unwrap();
+            let fwd_at = out.iter().position(|l| l.contains("fwd")).unwrap();
+            assert!(fwd_at > node_at, "{r}");
         }
         let many = Node::new(
             (0..=u16::MAX).map(|i| IpAddr::from([10, 0, (i >> 8) as u8, i as u8])),

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::egress::{self, Egress, Resolved, TABLE};
+use super::egress::{self, Egress, Resolved};
 
 /// How often the names are resolved again.
 pub const REFRESH: Duration = Duration::from_secs(60);
@@ -75,12 +75,10 @@ pub fn refresher(
             if now == current {
                 continue;
             }
-            // One nft transaction: the old table goes and the new one
-            // comes in together.
-            let script = format!(
-                "delete table netdev {TABLE}\n{}",
-                egress.ruleset(super::net::TAP_NAME, &cni_if, &now, &node)
-            );
+            // One nft transaction: the chains are flushed and refilled
+            // together, and the flows recorded stay (connections to
+            // what a name resolved to before go on).
+            let script = egress.ruleset(super::net::TAP_NAME, &cni_if, &now, &node);
             let r = super::net::in_netns(&netns, move |_| {
                 Box::pin(async move { egress::nft(&script) })
             })

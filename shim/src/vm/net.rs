@@ -6,24 +6,22 @@
 //! neither the shim nor the VMM moves there) we open a tap, `burrow0`,
 //! with virtio-net headers, and connect it to the namespace's CNI
 //! interface (`eth0`, or the only other interface there) much as Kata's
-//! `tcfilter` model does: towards the guest, an ingress qdisc on eth0 with
-//! a u32 match-all filter whose action is `mirred egress redirect` to the
-//! tap; from the guest, an nftables `netdev` chain on the tap's ingress
-//! that applies the egress policy and forwards the rest to eth0
-//! ([`super::egress`]; tc's redirect would bypass netfilter). No bridge,
-//! no MAC learning, any CNI plugin works. The guest's NIC takes the CNI
+//! `tcfilter` model does with tc redirects, here with nftables: a `netdev`
+//! chain on each one's ingress forwards (`fwd to`) what arrives to the
+//! other, the tap's applying the egress policy and both recording the
+//! flows it lets out ([`super::egress`]). No bridge, no MAC learning, any
+//! CNI plugin works. The guest's NIC takes the CNI
 //! interface's MAC (the neighbours' ARP caches stay right) and the agent
 //! gives it the interface's MTU, addresses and routes ([`GuestNet`]).
 //!
 //! The tap's file descriptor stays open in the shim for the sandbox's
 //! life and is passed to every burrow-vmm it starts (`--net fd=N`), so the
-//! tap and its filters outlive a VMM restart (hibernate and wake). Closing
-//! it removes the tap and its qdisc; [`SandboxNet::teardown`] also removes
-//! the one on the CNI interface.
+//! tap, its chain and the flows recorded outlive a VMM restart (hibernate
+//! and wake). [`SandboxNet::teardown`] removes the table and closes it,
+//! which removes the tap.
 //!
-//! Links, addresses, routes and tc go over rtnetlink (the `rtnetlink`
-//! crate has ingress qdiscs and the mirred redirect filter); the nftables
-//! table is loaded with `nft -f -` (nftables on the node).
+//! Links, addresses and routes go over rtnetlink; the nftables table is
+//! loaded with `nft -f -` (nftables on the node).
 
 use std::fs::File;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -38,7 +36,6 @@ use rtnetlink::packet_route::link::{LinkAttribute, LinkMessage};
 use rtnetlink::packet_route::route::{
     RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol,
 };
-use rtnetlink::packet_route::tc::TcHandle;
 use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
 use serde_json::Value;
 
@@ -49,8 +46,6 @@ use crate::sandbox::{Result, SandboxError};
 
 /// The tap's name inside the sandbox's namespace.
 pub const TAP_NAME: &str = "burrow0";
-/// ETH_P_ALL in network byte order, as tc wants a filter's protocol.
-const PROTOCOL_ALL: u16 = (libc::ETH_P_ALL as u16).to_be();
 
 /// The network namespace the spec puts the container in, if it names one
 /// by path (a spec asking for a new, unnamed namespace gets none: the
@@ -241,19 +236,12 @@ impl SandboxNet {
             .then(|| format!("{}={}", burrow_protocol::net::CMDLINE_KEY, self.guest))
     }
 
-    /// Remove the filter on the CNI interface and close the tap (which
-    /// takes its own qdisc with it). The namespace may already be gone.
+    /// Remove the egress table (its chain on the CNI interface with it)
+    /// and close the tap. The namespace may already be gone.
     pub async fn teardown(mut self) {
         drop(self.refresh.take());
-        let cni_if = self.cni_if.clone();
-        let r = in_netns(&self.netns, move |h| {
-            Box::pin(async move {
-                let _ = egress::teardown();
-                if let Some(link) = link_by_name(&h, &cni_if).await? {
-                    unjoin(&h, link.header.index).await?;
-                }
-                Ok(())
-            })
+        let r = in_netns(&self.netns, move |_| {
+            Box::pin(async move { egress::teardown() })
         })
         .await;
         if let Err(e) = r {
@@ -351,8 +339,8 @@ async fn cni_interface(h: &Handle) -> Result<Option<LinkMessage>> {
     }
 }
 
-/// Join the tap to `cni` (redirect in, egress policy out); undone if a
-/// step fails.
+/// Join the tap to `cni`: the egress table's two chains, loaded in one
+/// transaction (all or nothing).
 async fn wire(
     h: &Handle,
     cni: &LinkMessage,
@@ -361,15 +349,8 @@ async fn wire(
     names: &Resolved,
     node: &egress::Node,
 ) -> Result<()> {
-    let joined = async {
-        join(h, cni, guest.mtu).await?;
-        egress::nft(&rules.ruleset(TAP_NAME, &name_of(cni), names, node))
-    };
-    if let Err(e) = joined.await {
-        let _ = unjoin(h, cni.header.index).await;
-        return Err(e);
-    }
-    Ok(())
+    join(h, guest.mtu).await?;
+    egress::nft(&rules.ruleset(TAP_NAME, &name_of(cni), names, node))
 }
 
 /// The node's own addresses: every address in PID 1's network namespace
@@ -564,50 +545,22 @@ pub(super) fn open_tap(name: &str) -> Result<OwnedFd> {
     Ok(tap)
 }
 
-/// Bring the tap up with the CNI interface's MTU and redirect what
-/// arrives on the CNI interface to the tap (the other way is nftables').
-pub(super) async fn join(h: &Handle, cni: &LinkMessage, mtu: u32) -> Result<()> {
+/// Bring the tap up with the CNI interface's MTU (the egress table then
+/// joins it to the CNI interface).
+pub(super) async fn join(h: &Handle, mtu: u32) -> Result<()> {
     let tap = link_by_name(h, TAP_NAME)
         .await?
         .ok_or_else(|| net_err("the tap", "vanished"))?;
-    let (cni_ix, tap_ix) = (cni.header.index, tap.header.index);
     h.link()
-        .set(LinkUnspec::new_with_index(tap_ix).mtu(mtu).up().build())
+        .set(
+            LinkUnspec::new_with_index(tap.header.index)
+                .mtu(mtu)
+                .up()
+                .build(),
+        )
         .execute()
         .await
-        .map_err(|e| net_err("tap up", e))?;
-    let cni_i = i32::try_from(cni_ix).map_err(|e| net_err("ifindex", e))?;
-    h.qdisc()
-        .add(cni_i)
-        .ingress()
-        .execute()
-        .await
-        .map_err(|e| net_err(&format!("ingress qdisc on link {cni_ix}"), e))?;
-    h.traffic_filter(cni_i)
-        .add()
-        .parent(u32::from(TcHandle::INGRESS) & 0xffff_0000)
-        .protocol(PROTOCOL_ALL)
-        .redirect(tap_ix)
-        .map_err(|e| net_err("redirect filter", e))?
-        .execute()
-        .await
-        .map_err(|e| net_err(&format!("redirect filter {cni_ix} -> {tap_ix}"), e))?;
-    Ok(())
-}
-
-/// Remove the ingress qdisc (and with it the redirect) from link `index`.
-async fn unjoin(h: &Handle, index: u32) -> Result<()> {
-    let index = i32::try_from(index).map_err(|e| net_err("ifindex", e))?;
-    let mut del = h.qdisc().del(index);
-    let m = del.message_mut();
-    m.header.parent = TcHandle::INGRESS;
-    m.header.handle = TcHandle {
-        major: 0xffff,
-        minor: 0,
-    };
-    del.execute()
-        .await
-        .map_err(|e| net_err("removing the ingress qdisc", e))
+        .map_err(|e| net_err("tap up", e))
 }
 
 impl super::VmSandbox {
@@ -691,13 +644,6 @@ mod tests {
             "a new unnamed namespace: loopback only"
         );
         assert_eq!(netns_path(&serde_json::json!({})), None);
-    }
-
-    #[test]
-    fn ingress_parent_and_protocol_are_what_tc_sends() {
-        // `tc filter add dev X parent ffff: protocol all`.
-        assert_eq!(u32::from(TcHandle::INGRESS) & 0xffff_0000, 0xffff_0000);
-        assert_eq!(PROTOCOL_ALL, 0x0300);
     }
 
     fn route(

@@ -1,14 +1,14 @@
 //! `containerd-shim-burrow-v2 check-network` (run by `burrow check`):
 //! whether this host can give a sandbox its NIC, tried for real in a
 //! network namespace of its own that vanishes afterwards: a tap with
-//! virtio-net headers, tc's ingress qdisc with a mirred redirect to it
-//! (sch_ingress, cls_u32, act_mirred), and the egress policy's nftables
-//! `netdev` table.
+//! virtio-net headers, brought up, and the egress policy's nftables
+//! `netdev` table (a chain on each side's ingress forwarding to the other,
+//! flows recorded in dynamic sets).
 
 use std::os::fd::OwnedFd;
 
 use super::egress::{self, Egress};
-use super::net::{join, link_by_name, open_tap, TAP_NAME};
+use super::net::{join, open_tap, TAP_NAME};
 use crate::sandbox::{Result, SandboxError};
 
 /// The shim's first argument that runs this check.
@@ -49,29 +49,23 @@ async fn parts() -> Vec<(&'static str, Result<()>)> {
         Err(e) => Err(SandboxError::FailedPrecondition(e.to_string())),
     };
     out.push(("tap (/dev/net/tun, virtio-net headers)", tap_result));
-    let tc = async {
+    let up = async {
         if !tap_ok {
             return Err(SandboxError::FailedPrecondition(
-                "no tap to redirect to".into(),
+                "no tap to bring up".into(),
             ));
         }
         let (conn, h, _) = rtnetlink::new_connection()
             .map_err(|e| SandboxError::FailedPrecondition(format!("netlink: {e}")))?;
         let task = tokio::spawn(conn);
-        let r = async {
-            let lo = link_by_name(&h, "lo")
-                .await?
-                .ok_or_else(|| SandboxError::FailedPrecondition("no lo".into()))?;
-            join(&h, &lo, 1500).await
-        }
-        .await;
+        let r = join(&h, 1500).await;
         task.abort();
         r
     }
     .await;
-    out.push(("tc ingress redirect (sch_ingress, cls_u32, act_mirred)", tc));
+    out.push(("tap up", up));
     let nft = if tap_ok {
-        egress::nft(&Egress::Open.ruleset(
+        egress::nft(&Egress::Deny.ruleset(
             TAP_NAME,
             "lo",
             &egress::Resolved::new(),
@@ -80,7 +74,10 @@ async fn parts() -> Vec<(&'static str, Result<()>)> {
     } else {
         Err(SandboxError::FailedPrecondition("no tap to filter".into()))
     };
-    out.push(("nftables netdev table (egress policy)", nft));
+    out.push((
+        "nftables netdev table (egress policy: nf_tables, nft_fwd_netdev)",
+        nft,
+    ));
     drop(tap);
     out
 }

@@ -84,11 +84,32 @@ const UID_LOCKS: &str = "vmm-uids";
 /// this lives: a lock on `<state root>/vmm-uids/<uid>` that the kernel
 /// drops with the shim (its VMMs end with it). Two jailed VMMs never
 /// share a uid, so nothing owned by one (its serial log, its sockets) is
-/// the other's, whatever else fails.
+/// the other's, whatever else fails. The lock file goes with the lease.
 #[derive(Debug)]
 pub struct UidLease {
     pub uid: u32,
-    _lock: std::fs::File,
+    lock: std::fs::File,
+    path: PathBuf,
+}
+
+impl Drop for UidLease {
+    fn drop(&mut self) {
+        // Unlinked while still locked: a sandbox that opened the file
+        // meanwhile finds, once it has the lock, that the path is no
+        // longer its file, and tries again ([`lease_uid`]).
+        let _ = std::fs::remove_file(&self.path);
+        // `lock` closes (and unlocks) after this, with the fields.
+        let _ = &self.lock;
+    }
+}
+
+/// Whether `lock` is still the file at `path` (not one unlinked since).
+fn still_at(lock: &std::fs::File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (lock.metadata(), std::fs::metadata(path)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
 }
 
 /// Lease a uid for sandbox `key` (which only picks where the search
@@ -106,16 +127,23 @@ pub fn lease_uid(cfg: &Config, root: &Path, key: &str) -> Result<UidLease> {
             continue;
         };
         let path = dir.join(uid.to_string());
-        let lock = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            .open(&path)
-            .map_err(|e| SandboxError::io(format_args!("opening {}", path.display()), &e))?;
-        // SAFETY: flock on a descriptor this function owns.
-        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-            return Ok(UidLease { uid, _lock: lock });
+        // A few tries: the holder may unlink the file between our open
+        // and our lock.
+        for _ in 0..3 {
+            let lock = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .mode(0o600)
+                .open(&path)
+                .map_err(|e| SandboxError::io(format_args!("opening {}", path.display()), &e))?;
+            // SAFETY: flock on a descriptor this function owns.
+            if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+                break;
+            }
+            if still_at(&lock, &path) {
+                return Ok(UidLease { uid, lock, path });
+            }
         }
     }
     Err(SandboxError::ResourceExhausted(format!(
@@ -234,8 +262,15 @@ mod tests {
         assert!(full.to_string().contains("vmm_uid_count"), "{full}");
         let freed = b.uid;
         drop(b);
-        assert_eq!(lease_uid(&cfg, root.path(), "d").unwrap().uid, freed);
+        let d = lease_uid(&cfg, root.path(), "d").unwrap();
+        assert_eq!(d.uid, freed);
         let a_args = args(&cfg, &serde_json::json!({}), root.path(), a.uid).unwrap();
         assert_eq!((a_args.jail_uid, a_args.jail_gid), (a.uid, cfg.vmm_gid));
+        // Nothing is left once every lease is gone.
+        drop((a, c, d));
+        let left: Vec<_> = std::fs::read_dir(root.path().join(UID_LOCKS))
+            .unwrap()
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
     }
 }

@@ -13,6 +13,16 @@ pub mod dns;
 pub mod jailed;
 pub mod ps;
 
+/// A terminal size for TIOCSWINSZ (tests that drive a PTY).
+pub fn winsize(rows: u16, cols: u16) -> libc::winsize {
+    libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    }
+}
+
 use std::path::Path;
 
 /// Panic with a clear message unless this host has `/dev/kvm` backed by

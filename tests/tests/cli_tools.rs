@@ -65,15 +65,6 @@ struct OnPty {
     cooked: libc::tcflag_t,
 }
 
-fn winsize(rows: u16, cols: u16) -> libc::winsize {
-    libc::winsize {
-        ws_row: rows,
-        ws_col: cols,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    }
-}
-
 fn lflag(fd: &std::os::fd::OwnedFd) -> libc::tcflag_t {
     use std::os::fd::AsRawFd;
     // SAFETY: tcgetattr writes one termios into `t`, which outlives it.
@@ -88,7 +79,7 @@ impl OnPty {
         use std::os::fd::{FromRawFd, OwnedFd};
         use std::os::unix::process::CommandExt;
         let (mut m, mut s) = (0, 0);
-        let ws = winsize(rows, cols);
+        let ws = burrow_tests::winsize(rows, cols);
         // SAFETY: openpty writes two new fds into m and s and reads `ws`.
         let rc = unsafe {
             libc::openpty(&mut m, &mut s, std::ptr::null_mut(), std::ptr::null(), &ws)
@@ -164,7 +155,7 @@ impl OnPty {
 
     fn resize(&self, rows: u16, cols: u16) {
         use std::os::fd::AsRawFd;
-        let ws = winsize(rows, cols);
+        let ws = burrow_tests::winsize(rows, cols);
         // SAFETY: TIOCSWINSZ reads the winsize we pass.
         let rc = unsafe { libc::ioctl(self.master.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
         assert_eq!(rc, 0);

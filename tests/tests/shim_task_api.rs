@@ -289,19 +289,10 @@ struct TerminalCtr {
     output: Arc<Mutex<Vec<u8>>>,
 }
 
-fn winsize(rows: u16, cols: u16) -> libc::winsize {
-    libc::winsize {
-        ws_row: rows,
-        ws_col: cols,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    }
-}
-
 impl TerminalCtr {
     fn spawn(c: &Containerd, args: &[&str], rows: u16, cols: u16) -> Self {
         let (mut master, mut slave) = (-1, -1);
-        let ws = winsize(rows, cols);
+        let ws = burrow_tests::winsize(rows, cols);
         // SAFETY: valid out-pointers; no name buffer; default termios.
         let rc = unsafe {
             libc::openpty(
@@ -380,7 +371,7 @@ impl TerminalCtr {
     }
 
     fn resize(&self, rows: u16, cols: u16) {
-        let ws = winsize(rows, cols);
+        let ws = burrow_tests::winsize(rows, cols);
         // SAFETY: TIOCSWINSZ reads one winsize from a valid pointer.
         let rc = unsafe { libc::ioctl(self.master.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
         assert_eq!(rc, 0, "TIOCSWINSZ: {}", std::io::Error::last_os_error());

@@ -59,6 +59,13 @@ impl Cri {
     /// Like [`start`](Self::start), with `burrow_extra` lines appended to
     /// the burrow config.
     pub fn start_with(name: &str, burrow_extra: &str) -> Self {
+        Self::start_on(name, burrow_extra, None)
+    }
+
+    /// Like [`start_with`](Self::start_with), with CRI's containers on
+    /// `snapshotter`: its name and its plugin's containerd config (the
+    /// images are unpacked for it too).
+    pub fn start_on(name: &str, burrow_extra: &str, snapshotter: Option<(&str, String)>) -> Self {
         let pause = crate::asset_from_env("BURROW_PAUSE_IMAGE", "tests/images/pause");
         let busybox = crate::asset_from_env("BURROW_BUSYBOX_IMAGE", "tests/images/busybox");
         let cri_config = format!(
@@ -74,11 +81,24 @@ impl Cri {
       container_annotations = ["io.burrow.*"]
 "#
         );
+        let mut cri_config = cri_config;
+        let mut import = vec!["-n", "k8s.io", "images", "import"];
+        if let Some((snapshotter, plugin)) = &snapshotter {
+            cri_config = cri_config.replacen(
+                "    default_runtime_name = \"runc\"\n",
+                &format!("    default_runtime_name = \"runc\"\n    snapshotter = \"{snapshotter}\"\n"),
+                1,
+            );
+            cri_config.push_str(plugin);
+            import.extend(["--snapshotter", *snapshotter]);
+        }
         let burrow = format!("{burrow_extra}\n{NESTED_CONFIG}");
         let containerd = Containerd::start_with(name, &burrow, &cri_config);
         for image in [&pause, &busybox] {
             let path = image.display().to_string();
-            let r = containerd.ctr(&["-n", "k8s.io", "images", "import", &path]);
+            let mut args = import.clone();
+            args.push(&path);
+            let r = containerd.ctr(&args);
             assert_eq!(r.code, Some(0), "importing {path}: {r:?}");
         }
         let rt = tokio::runtime::Builder::new_multi_thread()

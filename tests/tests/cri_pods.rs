@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use burrow_tests::containerd::{walk, CLEAN};
 use burrow_tests::cri::{Cri, Pod};
+use burrow_tests::devmapper::ThinPool;
 use k8s_cri::v1 as cri;
 
 /// Two containers in one pod, each writing a file only it should see.
@@ -490,6 +491,78 @@ fn burrow_pod_containers_have_their_own_limits_and_stats() {
 fn runc_pod_containers_have_their_own_limits_and_stats() {
     let cri = Cri::start("cri-runc-limits");
     limits_are_each_containers_own(&cri, "runc");
+}
+
+/// A pod on containerd's devmapper snapshotter, as a node set up for it
+/// runs one: each container's root filesystem is a thin device of the
+/// pool, which burrow hands its VM as is (the sandbox's as the boot disk,
+/// the others through block slots) without building an image; the
+/// containers see their image and their own writes, and removing the pod
+/// leaves no container's device active. runc, the control, mounts the
+/// same devices on the host.
+fn pod_on_devmapper(handler: &str) {
+    let pool = ThinPool::create(&format!("cri-dm-{handler}-{}", std::process::id()));
+    let cri = Cri::start_on(
+        &format!("cri-dm-{handler}"),
+        "pod_disk_slots = 2",
+        Some(("devmapper", pool.containerd_config())),
+    );
+    let before = pool.thin_devices().len();
+    let (pod, ids) = pod_of_two(&cri, handler);
+    files_are_private(&cri, &ids);
+    for id in &ids {
+        let e = cri.exec(id, &["sh", "-c", "ls /bin/busybox; grep ' / ' /proc/mounts"]);
+        assert_eq!(e.code, 0, "{e:?}");
+        assert!(
+            e.stdout.starts_with("/bin/busybox\n") && e.stdout.contains(" / ext4 rw"),
+            "{handler}: the root is the snapshot's ext4, writable, with the image in it: {e:?}"
+        );
+    }
+    let active = pool.thin_devices().len();
+    assert!(
+        active >= before + 3,
+        "{handler}: the pause and both containers on thin devices ({before} before, {active} now)"
+    );
+    if handler == "burrow" {
+        let images: Vec<_> = walk(cri.containerd.image_dir())
+            .into_iter()
+            .chain(walk(&cri.containerd.burrow_state()))
+            .filter(|f| f.display().to_string().ends_with(".rootfs.img"))
+            .collect();
+        assert!(images.is_empty(), "no rootfs image is built: {images:?}");
+        let pids = vmm_pids(&cri);
+        assert_eq!(pids.len(), 1, "one VM for the pod: {pids:?}");
+        let pid = std::fs::read_to_string(&pids[0]).unwrap();
+        let cmdline = std::fs::read(format!("/proc/{}/cmdline", pid.trim())).unwrap();
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        assert!(
+            cmdline.contains(&format!("--disk /dev/mapper/{}-snap-", pool.name)),
+            "the VM boots on the sandbox's thin device: {cmdline}"
+        );
+    }
+    cri.remove_pod(&pod.id);
+    cri.containerd.assert_clean(CLEAN);
+    let start = Instant::now();
+    while pool.thin_devices().len() > before {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{handler}: the containers' thin devices outlived the pod: {:?}",
+            pool.thin_devices()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    drop(cri);
+    drop(pool);
+}
+
+#[test]
+fn burrow_pod_on_devmapper_passes_its_thin_devices_through() {
+    pod_on_devmapper("burrow");
+}
+
+#[test]
+fn runc_pod_on_devmapper_mounts_the_same_devices() {
+    pod_on_devmapper("runc");
 }
 
 /// SIGKILL `victim` (a command name) of `cri`'s burrow processes as soon as

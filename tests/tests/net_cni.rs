@@ -281,7 +281,16 @@ fn ns_state(ns: &CniNetns) -> String {
     .1
 }
 
+/// A container's command: serve /www/small on port 8080.
+const SERVE: &str = "mkdir -p /www && echo small > /www/small && exec httpd -f -p 8080 -h /www";
+
+/// Container `id` in `ns` under egress mode `egress`, serving /www.
 fn run_in(c: &Containerd, ns: &CniNetns, id: &str, egress: &str) {
+    run_sh_in(c, ns, id, egress, SERVE);
+}
+
+/// Container `id` in `ns` under egress mode `egress`, running `script`.
+fn run_sh_in(c: &Containerd, ns: &CniNetns, id: &str, egress: &str, script: &str) {
     let with_ns = format!("network:{}", ns.path());
     let annotation = format!("io.burrow.egress={egress}");
     let r = c.ctr(&[
@@ -297,7 +306,7 @@ fn run_in(c: &Containerd, ns: &CniNetns, id: &str, egress: &str) {
         id,
         "sh",
         "-c",
-        "mkdir -p /www && echo small > /www/small && exec httpd -f -p 8080 -h /www",
+        script,
     ]);
     assert_eq!(r.code, Some(0), "{r:?}\n{}", c.diagnostics());
     c.wait_status(id, "RUNNING", LONG);
@@ -628,7 +637,7 @@ fn ctr_run_cni(c: &Containerd, cni: &CtrCni, runtime: &str, id: &str, gateway: &
         id,
         "sh",
         "-c",
-        "mkdir -p /www && echo small > /www/small && exec httpd -f -p 8080 -h /www",
+        SERVE,
     ]);
     c.wait_status(id, "RUNNING", LONG);
     let leases = cni.leases();
@@ -837,7 +846,6 @@ fn a_guest_flooding_its_nic_cannot_starve_the_vmm_control_api() {
     let ns = CniNetns::add("burrow-netflood", 67);
     let remote = Remote::add("burrow-rnetflood", 67);
     let id = "t-flood";
-    let with_ns = format!("network:{}", ns.path());
     // A sink elsewhere, and two blasters in the guest sending it zeros as
     // fast as its NIC takes them (busybox's nc has no UDP: TCP it is).
     let _sink = KillOnDrop(
@@ -860,21 +868,7 @@ fn a_guest_flooding_its_nic_cannot_starve_the_vmm_control_api() {
         "for i in 1 2; do (while true; do cat /dev/zero | nc {} 9000; sleep 0.2; done) & done; exec sleep 100000",
         remote.ip
     );
-    let r = c.ctr(&[
-        "run",
-        "-d",
-        "--runtime",
-        RUNTIME,
-        "--with-ns",
-        &with_ns,
-        IMAGE,
-        id,
-        "sh",
-        "-c",
-        &flood,
-    ]);
-    assert_eq!(r.code, Some(0), "{r:?}\n{}", c.diagnostics());
-    c.wait_status(id, "RUNNING", LONG);
+    run_sh_in(&c, &ns, id, "open", &flood);
     let flowing = |what: &str| {
         let before = tap_bytes(&ns);
         std::thread::sleep(Duration::from_secs(3));

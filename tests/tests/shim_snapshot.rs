@@ -460,7 +460,8 @@ fn hibernate_stops_the_vmm_and_the_next_call_wakes_it_transparently() {
     // Hibernate on idle (annotation), woken by kill; a clean delete. An
     // exec that runs silently for longer than the idle time holds it off
     // (asleep, the command would stop until something woke the VM): the
-    // sandbox stays awake until the command has finished.
+    // sandbox stays awake until the command has finished. So does a guest
+    // that computes. Once all is quiet it sleeps.
     run_detached(
         &c,
         &["-d", "--annotation", "io.burrow.hibernate_idle_secs=8"],
@@ -487,6 +488,19 @@ fn hibernate_stops_the_vmm_and_the_next_call_wakes_it_transparently() {
     stays_awake(&|| c.ctr(&["task", "exec", "--exec-id", "silent", "t-idle", "sh", "-c", silent]));
     // The same for the tools' exec (`burrow exec`, MCP's exec).
     stays_awake(&|| c.burrow(&["exec", "--state-dir", &state_dir, "t-idle", "--", "sh", "-c", silent]));
+    // A guest that computes without a word and with no exec running (a
+    // process left in the background) is not idle either: 20 s awake.
+    let spin = "(while :; do :; done) >/dev/null 2>&1 & echo $! > /tmp/spin.pid";
+    let r = c.ctr(&["task", "exec", "--exec-id", "spin", "t-idle", "sh", "-c", spin]);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(20) {
+        let state = sandbox_state(&c, "t-idle");
+        assert_eq!(state, "running", "a computing guest went to sleep\n{}", c.diagnostics());
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let r = c.ctr(&["task", "exec", "--exec-id", "unspin", "t-idle", "sh", "-c", "kill $(cat /tmp/spin.pid)"]);
+    assert_eq!(r.code, Some(0), "{r:?}");
     let t = Instant::now();
     while sandbox_state(&c, "t-idle") != "asleep" {
         assert!(

@@ -9,7 +9,10 @@
 //!
 //! - Hibernate on idle: `hibernate_idle_secs` (config) or the annotation
 //!   `io.burrow.hibernate_idle_secs`; a timer hibernates after that long
-//!   with no exec, no stdio traffic and no RPC that reached the guest.
+//!   with no exec, no stdio traffic, no RPC that reached the guest and a
+//!   guest that does not compute: a VMM using more than
+//!   [`BUSY_CPU_PERCENT`] of a CPU over a second counts as activity (a
+//!   build or a test run that prints nothing is not idle).
 //! - A control socket `<state dir>/control.sock` takes JSON lines
 //!   `{"cmd":"hibernate"|"wake"|"status"}` or
 //!   `{"cmd":"checkpoint","name":NAME}` (see [`super::named`]) and answers
@@ -127,12 +130,59 @@ impl Drop for Busy<'_> {
     }
 }
 
+/// A VMM using more than this share of one CPU (its vCPUs running the
+/// guest, its devices working) has a guest at work: not idle. An idle
+/// guest's VMM uses next to nothing (nothing polls), a computing one a
+/// whole CPU per busy vCPU.
+pub const BUSY_CPU_PERCENT: u64 = 30;
+
+/// CPU time (user and system, clock ticks) process `pid` has used so far.
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name's ')': state is the first; utime and
+    // stime are the 12th and 13th (fields 14 and 15 of proc(5)).
+    let rest = stat.get(stat.rfind(')')? + 1..)?;
+    let mut f = rest.split_whitespace().skip(11);
+    let utime: u64 = f.next()?.parse().ok()?;
+    let stime: u64 = f.next()?.parse().ok()?;
+    Some(utime.saturating_add(stime))
+}
+
+/// Whether `ticks` of CPU time (at `per_sec` a second) over `wall` are
+/// more than [`BUSY_CPU_PERCENT`] of one CPU.
+fn cpu_busy(ticks: u64, wall: Duration, per_sec: u64) -> bool {
+    let wall_ms = u64::try_from(wall.as_millis()).unwrap_or(u64::MAX);
+    ticks.saturating_mul(100_000) > BUSY_CPU_PERCENT.saturating_mul(per_sec).saturating_mul(wall_ms)
+}
+
+/// The VMM's CPU time at the last tick: (pid, ticks, when).
+type CpuMark = Option<(u32, u64, Instant)>;
+
+/// Touch `sb` when its VMM `pid` worked since `mark`; the new mark.
+fn note_cpu(sb: &VmSandbox, pid: u32, mark: CpuMark) -> CpuMark {
+    // SAFETY: sysconf has no preconditions.
+    let per_sec = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).unwrap_or(100);
+    let now = cpu_ticks(pid)?;
+    if let Some((was_pid, then, at)) = mark {
+        if was_pid == pid && cpu_busy(now.saturating_sub(then), at.elapsed(), per_sec.max(1)) {
+            sb.touch();
+        }
+    }
+    Some((pid, now, Instant::now()))
+}
+
 async fn idle_timer(me: std::sync::Weak<VmSandbox>, idle: Duration) {
     let tick = Duration::from_secs(1).min(idle);
+    let mut mark: CpuMark = None;
     loop {
         tokio::time::sleep(tick).await;
         let Some(sb) = me.upgrade() else { return };
-        match sb.vm.phase() {
+        let phase = sb.vm.phase();
+        mark = match &phase {
+            Phase::Running(h) => note_cpu(&sb, h.pid, mark),
+            _ => None,
+        };
+        match phase {
             // The VM was stopped for good.
             Phase::Gone(_) => return,
             Phase::Running(_) if sb.idle_for() >= idle && !sb.is_busy() => {
@@ -433,6 +483,22 @@ mod tests {
             Some(ToolReply::Chunk(c)) => c,
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_vmm_that_computes_is_not_idle() {
+        let second = Duration::from_secs(1);
+        assert!(!cpu_busy(0, second, 100), "no CPU: idle");
+        assert!(!cpu_busy(30, second, 100), "30% of a CPU: idle");
+        assert!(cpu_busy(31, second, 100));
+        assert!(cpu_busy(200, second, 100), "two vCPUs computing");
+        assert!(!cpu_busy(50, Duration::from_secs(2), 100), "25% over 2 s");
+        assert!(cpu_busy(u64::MAX, second, 100), "no overflow");
+        assert!(!cpu_busy(0, Duration::ZERO, 100));
+        // This very process: it has used some CPU, and reads back.
+        let me = cpu_ticks(std::process::id());
+        assert!(me.is_some(), "utime and stime of /proc/self/stat");
+        assert_eq!(cpu_ticks(u32::MAX), None, "no such process");
     }
 
     #[test]

@@ -9,19 +9,7 @@
 //! its own, as a child subreaper, and serves the same service on a unix
 //! socket.
 
-mod browser;
-mod container;
-mod error;
-mod fs;
-mod host_only;
-mod init;
-mod net;
-mod oom;
-mod process;
-mod reaper;
-mod service;
-mod spawn;
-mod stats;
+use burrow_agent::{browser, host_only, init, net, reaper, service};
 
 use std::path::PathBuf;
 use std::sync::Arc;

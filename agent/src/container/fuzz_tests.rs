@@ -6,9 +6,7 @@
 
 use serde_json::{json, Value};
 
-use super::plan::{parse_process, parse_spec, pid_namespace, plan};
-use super::seccomp::compile;
-use crate::spawn::Namespaces;
+use super::fuzz::decode;
 
 fn base() -> Value {
     json!({
@@ -103,20 +101,12 @@ fn damaged_specs_and_processes_never_panic() {
             let at = rng.usize(0..bytes.len());
             bytes[at] = rng.u8(..);
         }
-        if let Ok(spec) = parse_spec(&bytes) {
-            if let Some(p) = spec.process() {
-                if plan(p, Namespaces::Guest).is_ok() {
-                    planned += 1;
-                }
-            }
-            let _ = pid_namespace(&spec);
-            if compile(spec.linux().as_ref().and_then(|l| l.seccomp().as_ref())).is_ok() {
-                compiled += 1;
-            }
-        }
-        if let Some(p) = v.get("process") {
-            let _ = parse_process(&serde_json::to_vec(p).unwrap_or_default());
-        }
+        let process = v
+            .get("process")
+            .map(|p| serde_json::to_vec(p).unwrap_or_default());
+        let reached = decode(&bytes, process.as_deref());
+        planned += usize::from(reached.planned);
+        compiled += usize::from(reached.compiled);
     }
     assert!(
         planned > 0 && compiled > 0,

@@ -13,6 +13,7 @@
 //! already isolating VM is a short list of system calls (see `spawn`).
 
 pub mod cgroup;
+pub mod fuzz;
 #[cfg(test)]
 mod fuzz_tests;
 mod hostfiles;

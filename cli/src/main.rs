@@ -11,6 +11,7 @@ mod interactive;
 mod mcp;
 mod sandbox;
 mod session;
+mod template;
 mod tools;
 
 use anyhow::Result;
@@ -118,6 +119,23 @@ enum Command {
         #[command(subcommand)]
         verb: SandboxVerb,
     },
+    /// Warm templates (`templates = true` or io.burrow.template=on): build
+    /// one before the first container needs it, or list the cache.
+    Template {
+        #[command(subcommand)]
+        verb: TemplateVerb,
+    },
+}
+
+#[derive(Subcommand)]
+enum TemplateVerb {
+    /// Build the template `ctr run` restores for a VM shape (the config's
+    /// default size unless given), unless it is built already. Uses the
+    /// burrow config ($BURROW_CONFIG, else /etc/burrow/config.toml) and
+    /// the burrow-vmm beside this binary, as the shim does.
+    Build(template::BuildArgs),
+    /// List the built templates: key, disk use, shape.
+    Ls,
 }
 
 #[derive(Subcommand)]
@@ -164,6 +182,11 @@ fn tool(name: &str, failed: i32, run: impl FnOnce() -> Result<i32>) -> ! {
 }
 
 fn main() -> Result<()> {
+    // `burrow template build`'s network-namespace holder (as the shim's).
+    if std::env::args().nth(1).as_deref() == Some(burrow_shim::vm::netns::HOLDER_ARG) {
+        burrow_shim::vm::netns::run_holder();
+        return Ok(());
+    }
     let cli = Cli::parse();
     match cli.command {
         Command::Exec(a) => tool("exec", 125, || tools::exec(a)),
@@ -222,6 +245,10 @@ fn main() -> Result<()> {
             );
             Ok(())
         }
+        Command::Template { verb } => match verb {
+            TemplateVerb::Build(a) => tool("template build", 1, || template::build(a)),
+            TemplateVerb::Ls => tool("template ls", 1, template::ls),
+        },
         Command::Sandbox {
             state_dir,
             namespace,

@@ -150,6 +150,45 @@ fn containers_from_a_template_start_warm_and_are_each_their_own() {
     let second = templates(&tdir);
     assert_eq!(second.len(), 1, "the stale one is gone: {second:?}");
     assert_ne!(first, second);
+
+    // `burrow template build` ahead of use: after another input change,
+    // it builds the template the next `ctr run` restores (no container
+    // pays for the build), and a second call finds it built.
+    replace_copy(&burrow_tests::workspace_bin("burrow-vmm"), &vmm);
+    let b = c.burrow(&["template", "build"]);
+    assert_eq!(b.code, Some(0), "{b:?}\n{}", c.diagnostics());
+    assert!(b.stdout.contains(" built in "), "{b:?}");
+    let third = templates(&tdir);
+    assert_eq!(
+        third.len(),
+        1,
+        "the CLI's replaces the stale one: {third:?}"
+    );
+    assert_ne!(third, second);
+    assert!(b.stdout.contains(&third[0]), "it names its key: {b:?}");
+    let again = c.burrow(&["template", "build"]);
+    assert_eq!(again.code, Some(0), "{again:?}");
+    assert!(again.stdout.contains("already built"), "{again:?}");
+    let ls = c.burrow(&["template", "ls"]);
+    assert_eq!(ls.code, Some(0), "{ls:?}");
+    assert!(
+        ls.stdout.starts_with(&third[0]) && ls.stdout.contains("nic=true"),
+        "{ls:?}"
+    );
+    let warm = c.ctr(&run(
+        &["--rm"],
+        "t-prebuilt",
+        &["sh", "-c", "echo prebuilt"],
+    ));
+    assert_eq!(warm.code, Some(0), "{warm:?}\n{}", c.diagnostics());
+    assert_eq!(warm.stdout.trim(), "prebuilt");
+    assert_eq!(
+        log_count(&c, "building template"),
+        2,
+        "the shim restored the CLI's template\n{}",
+        c.diagnostics()
+    );
+    assert_eq!(log_count(&c, "created from a template (restored)"), 4);
     c.assert_clean(CLEAN);
     drop(c);
     let _ = std::fs::remove_dir_all(&inputs);

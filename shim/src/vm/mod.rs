@@ -43,6 +43,7 @@ pub mod sparse;
 #[cfg(test)]
 mod fuzz_tests;
 pub mod template;
+pub mod template_build;
 pub mod tools;
 pub mod vmm;
 

@@ -45,7 +45,7 @@ use crate::spec;
 /// Per-container switch: `on` or `off` (else the config's `templates`).
 pub const ANNOTATION: &str = "io.burrow.template";
 /// In a template's directory: what went into its key.
-const INFO: &str = "template.json";
+pub(super) const INFO: &str = "template.json";
 /// Bumped when what a template holds changes meaning.
 const TEMPLATE_FORMAT: u32 = 1;
 
@@ -123,7 +123,7 @@ pub fn key(cfg: &Config, shape: Shape) -> Result<(String, serde_json::Value)> {
 }
 
 /// A published template's VM snapshot directory, if `dir` holds one.
-fn published(dir: &Path) -> Option<PathBuf> {
+pub(super) fn published(dir: &Path) -> Option<PathBuf> {
     let vm = snapshot::vm_dir(dir);
     let complete = dir.join(INFO).is_file()
         && vm.join(snapshot::STATE_FILE).is_file()
@@ -286,7 +286,7 @@ impl VmSandbox {
     }
 
     /// Snapshot the running, empty VM as template `key` into `dir`.
-    async fn build_template(
+    pub(super) async fn build_template(
         &self,
         cfg: &Config,
         dir: &Path,

@@ -1,0 +1,78 @@
+//! `burrow template build|ls`: warm templates made ahead of the first
+//! container that needs one, and what is in the cache
+//! (`burrow_shim::vm::template_build`).
+
+use anyhow::{Context, Result};
+use burrow_shim::config::Config;
+use burrow_shim::vm::template_build;
+
+#[derive(clap::Args)]
+pub struct BuildArgs {
+    /// vCPUs (default: the config's `vcpus.default`, what a container
+    /// without a CPU limit gets).
+    #[arg(long)]
+    vcpus: Option<u32>,
+    /// Guest memory in MiB (default: the config's `memory_mib.default`).
+    #[arg(long)]
+    memory_mib: Option<u64>,
+    /// The shape of `ctr run --net-host` (no NIC) instead of `ctr run`'s.
+    #[arg(long)]
+    no_nic: bool,
+}
+
+fn config() -> Result<Config> {
+    Config::load()
+        .context("reading the burrow config ($BURROW_CONFIG, else /etc/burrow/config.toml)")
+}
+
+/// Build (unless published already) the template a plain `ctr run` of
+/// this shape restores; prints its key and where it is.
+pub fn build(a: BuildArgs) -> Result<i32> {
+    let cfg = config()?;
+    let mut shape = template_build::default_shape(&cfg, !a.no_nic);
+    if let Some(v) = a.vcpus {
+        anyhow::ensure!(
+            (cfg.vcpus.min..=cfg.vcpus.max).contains(&v),
+            "--vcpus {v} is outside the config's {}..={}",
+            cfg.vcpus.min,
+            cfg.vcpus.max
+        );
+        shape.vcpus = v;
+    }
+    if let Some(m) = a.memory_mib {
+        anyhow::ensure!(
+            (cfg.memory_mib.min..=cfg.memory_mib.max).contains(&m),
+            "--memory-mib {m} is outside the config's {}..={}",
+            cfg.memory_mib.min,
+            cfg.memory_mib.max
+        );
+        shape.memory_mib = m;
+    }
+    let started = std::time::Instant::now();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let built = rt.block_on(template_build::build(cfg, shape))?;
+    let what = if built.built {
+        format!("built in {:.1} s", started.elapsed().as_secs_f64())
+    } else {
+        "already built".to_string()
+    };
+    println!("template {} {what}: {}", built.key, built.dir.display());
+    Ok(0)
+}
+
+/// One line per published template: key, disk use, shape.
+pub fn ls() -> Result<i32> {
+    let cfg = config()?;
+    let all = template_build::list(&cfg);
+    if all.is_empty() {
+        eprintln!("no templates in {}", cfg.template_dir.display());
+    }
+    for t in all {
+        let shape = t.info.get("shape").and_then(|s| s.as_str()).unwrap_or("?");
+        println!("{}\t{} MiB\t{shape}", t.key, t.disk_bytes.div_ceil(1 << 20));
+    }
+    Ok(0)
+}

@@ -152,6 +152,7 @@ fn restore(args: &RunArgs, dir: &std::path::Path) -> anyhow::Result<(Vmm, Option
     let expect = Expect {
         self_contained: args.self_contained,
         net_given: args.net.is_some(),
+        disks_given: args.disks.len(),
         vcpus: args.expect_vcpus,
         mem_mib: args.expect_mem_mib,
     };

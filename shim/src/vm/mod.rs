@@ -484,7 +484,7 @@ impl VmSandbox {
             &c.spec,
         )?;
         args.args.disk_slots = slots;
-        self.slots.reset(slots);
+        self.slots.reset(slots, pod::role(&c.spec) == pod::Role::Sandbox);
         let args = self.with_network(&c.spec, args).await?;
         tracing::info!(
             "booting VM: {} vCPUs, {} MiB, {}",

@@ -63,6 +63,8 @@ pub fn guest_source(n: u32) -> String {
 #[derive(Debug, Default)]
 pub struct Slots {
     owners: Mutex<Vec<Option<String>>>,
+    /// The VM is a CRI pod's (a template-born VM has slots too).
+    pod: std::sync::atomic::AtomicBool,
 }
 
 impl Slots {
@@ -70,14 +72,15 @@ impl Slots {
         self.owners.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether the VM is a pod's (booted with slots).
+    /// Whether the VM is a CRI pod's.
     pub fn is_pod(&self) -> bool {
-        !self.lock().is_empty()
+        self.pod.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// The VM booted with `n` empty slots.
-    pub fn reset(&self, n: u32) {
+    /// The VM booted with `n` empty slots, for a CRI pod if `pod`.
+    pub fn reset(&self, n: u32, pod: bool) {
         *self.lock() = vec![None; usize::try_from(n).unwrap_or(0)];
+        self.pod.store(pod, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Give container `id` the lowest free slot.
@@ -310,7 +313,11 @@ mod tests {
     #[test]
     fn slots_are_handed_out_and_refused_when_full() {
         let s = Slots::default();
-        s.reset(2);
+        assert!(!s.is_pod());
+        s.reset(1, false);
+        assert!(!s.is_pod(), "a template-born VM's rootfs slot is no pod");
+        s.reset(2, true);
+        assert!(s.is_pod());
         assert_eq!(s.take("a").expect("a"), 0);
         assert_eq!(s.take("b").expect("b"), 1);
         let e = s.take("c").expect_err("full");

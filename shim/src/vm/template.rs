@@ -241,7 +241,8 @@ impl VmSandbox {
         // The namespace the shim makes, its tap, and the holder whose pid
         // is the task's (so `ctr run --cni` configures that namespace).
         let mut args = self.with_network(&c.spec, args).await?;
-        self.slots.reset(shape.slots);
+        self.slots
+            .reset(shape.slots, pod::role(&c.spec) == pod::Role::Sandbox);
         let slot = self.slots.take(&c.id)?;
         let host = hostname(&self.sandbox_id());
         let fill = |agent: Agent| async move {

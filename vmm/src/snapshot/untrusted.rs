@@ -5,7 +5,10 @@
 //! store may have written. Its state file is checked here before anything
 //! it names is opened: it must not name a base snapshot (an incremental
 //! chain could point at another sandbox's memory), a slot with an attached
-//! file (any host path, a block device), or a tap to open by name (unless
+//! file (any host path, a block device) unless the caller gives the paths
+//! of all disks and filled slots (a template-born VM's rootfs is in a
+//! slot; the given paths replace the recorded ones, which are never
+//! opened), or a tap to open by name (unless
 //! the caller hands the VM its own); and its size must be the one the
 //! caller checked against its limits.
 
@@ -19,6 +22,9 @@ pub struct Expect {
     pub self_contained: bool,
     /// The caller passes the NIC's tap (so a recorded name is not opened).
     pub net_given: bool,
+    /// How many disk paths the caller gives (`--disk`): they replace the
+    /// state's disks', then its filled slots', in order.
+    pub disks_given: usize,
     pub vcpus: Option<u8>,
     pub mem_mib: Option<u64>,
 }
@@ -51,9 +57,22 @@ pub fn check(state: &MicrovmState, expect: &Expect) -> Result<(), String> {
             base_dir.display()
         ));
     }
+    let blocks = || {
+        state.devices.iter().filter_map(|d| match &d.device {
+            DeviceState::Block(b) => Some(b),
+            _ => None,
+        })
+    };
+    let disks = blocks().filter(|b| b.slot.is_none()).count();
+    let filled = blocks()
+        .filter(|b| b.slot.is_some() && !b.path.as_os_str().is_empty())
+        .count();
+    let all_replaced = expect.disks_given >= disks.saturating_add(filled);
     for d in &state.devices {
         match &d.device {
-            DeviceState::Block(b) if b.slot.is_some() && !b.path.as_os_str().is_empty() => {
+            DeviceState::Block(b)
+                if b.slot.is_some() && !b.path.as_os_str().is_empty() && !all_replaced =>
+            {
                 return Err(format!(
                     "the state attaches {} to a disk slot; a self-contained snapshot may not",
                     b.path.display()

@@ -25,28 +25,25 @@ fn config() -> Result<Config> {
         .context("reading the burrow config ($BURROW_CONFIG, else /etc/burrow/config.toml)")
 }
 
+/// `v` if the config's bounds hold it, else an error naming `flag`.
+fn within<T: PartialOrd + std::fmt::Display>(flag: &str, v: T, (min, max): (T, T)) -> Result<T> {
+    anyhow::ensure!(
+        min <= v && v <= max,
+        "{flag} {v} is outside the config's {min}..={max}"
+    );
+    Ok(v)
+}
+
 /// Build (unless published already) the template a plain `ctr run` of
 /// this shape restores; prints its key and where it is.
 pub fn build(a: BuildArgs) -> Result<i32> {
     let cfg = config()?;
     let mut shape = template_build::default_shape(&cfg, !a.no_nic);
     if let Some(v) = a.vcpus {
-        anyhow::ensure!(
-            (cfg.vcpus.min..=cfg.vcpus.max).contains(&v),
-            "--vcpus {v} is outside the config's {}..={}",
-            cfg.vcpus.min,
-            cfg.vcpus.max
-        );
-        shape.vcpus = v;
+        shape.vcpus = within("--vcpus", v, (cfg.vcpus.min, cfg.vcpus.max))?;
     }
     if let Some(m) = a.memory_mib {
-        anyhow::ensure!(
-            (cfg.memory_mib.min..=cfg.memory_mib.max).contains(&m),
-            "--memory-mib {m} is outside the config's {}..={}",
-            cfg.memory_mib.min,
-            cfg.memory_mib.max
-        );
-        shape.memory_mib = m;
+        shape.memory_mib = within("--memory-mib", m, (cfg.memory_mib.min, cfg.memory_mib.max))?;
     }
     let started = std::time::Instant::now();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -75,4 +72,19 @@ pub fn ls() -> Result<i32> {
         println!("{}\t{} MiB\t{shape}", t.key, t.disk_bytes.div_ceil(1 << 20));
     }
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::within;
+
+    #[test]
+    fn sizes_outside_the_configs_bounds_are_refused_by_name() {
+        assert_eq!(within("--vcpus", 2u32, (1, 4)).ok(), Some(2));
+        let e = within("--memory-mib", 8192u64, (128, 4096)).expect_err("too big");
+        assert_eq!(
+            e.to_string(),
+            "--memory-mib 8192 is outside the config's 128..=4096"
+        );
+    }
 }

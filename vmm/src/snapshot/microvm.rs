@@ -25,6 +25,7 @@ use super::vcpu::VcpuState;
 use super::vm::VmState;
 use crate::devices::i8042::persist::I8042State;
 use crate::devices::serial::persist::SerialSnap;
+use crate::devices::virtio::block::persist::BlockState;
 use crate::devices::virtio::persist::{DeviceState, MmioState};
 use crate::GuestMemoryMmap;
 
@@ -101,6 +102,24 @@ pub struct MicrovmState {
     pub i8042: I8042State,
     /// virtio-mmio devices in bus order (window i at VIRTIO_MMIO_START + i * 4 KiB).
     pub devices: Vec<MmioState>,
+}
+
+impl MicrovmState {
+    /// The block devices given at boot (`--disk`), then the slots that
+    /// had a file attached, each in bus order: the order in which a
+    /// restore's given disk paths replace theirs.
+    pub fn disks_and_filled_slots(&self) -> (Vec<&BlockState>, Vec<&BlockState>) {
+        let blocks = self.devices.iter().filter_map(|d| match &d.device {
+            DeviceState::Block(b) => Some(b),
+            _ => None,
+        });
+        let (disks, slots): (Vec<_>, Vec<_>) = blocks.partition(|b| b.slot.is_none());
+        let filled = slots
+            .into_iter()
+            .filter(|b| !b.path.as_os_str().is_empty())
+            .collect();
+        (disks, filled)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

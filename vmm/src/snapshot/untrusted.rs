@@ -57,17 +57,8 @@ pub fn check(state: &MicrovmState, expect: &Expect) -> Result<(), String> {
             base_dir.display()
         ));
     }
-    let blocks = || {
-        state.devices.iter().filter_map(|d| match &d.device {
-            DeviceState::Block(b) => Some(b),
-            _ => None,
-        })
-    };
-    let disks = blocks().filter(|b| b.slot.is_none()).count();
-    let filled = blocks()
-        .filter(|b| b.slot.is_some() && !b.path.as_os_str().is_empty())
-        .count();
-    let all_replaced = expect.disks_given >= disks.saturating_add(filled);
+    let (disks, filled) = state.disks_and_filled_slots();
+    let all_replaced = expect.disks_given >= disks.len().saturating_add(filled.len());
     for d in &state.devices {
         match &d.device {
             DeviceState::Block(b)

@@ -50,20 +50,9 @@ pub struct RestoreConfig {
 /// recorded) exist and have the sizes the snapshot recorded. Run before
 /// anything is created, so a mismatch touches nothing.
 pub fn check_restore(opts: &RestoreConfig, state: &MicrovmState) -> Result<(), VmmError> {
-    let disks: Vec<_> = state
-        .devices
-        .iter()
-        .filter_map(|d| match &d.device {
-            DeviceState::Block(b) if b.slot.is_none() => Some(b),
-            _ => None,
-        })
-        .collect();
     // Slots come back with what was attached (checked like a disk), or
     // with the paths given after the disks' (in slot order).
-    let slots: Vec<_> = state.devices.iter().filter_map(|d| match &d.device {
-        DeviceState::Block(b) if b.slot.is_some() && !b.path.as_os_str().is_empty() => Some(b),
-        _ => None,
-    }).collect();
+    let (disks, slots) = state.disks_and_filled_slots();
     let n = opts.disks.len();
     if n != 0 && n != disks.len() && n != disks.len() + slots.len() {
         return Err(VmmError::Restore(format!(
@@ -145,7 +134,7 @@ impl Vmm {
         let mut devices = Vec::new();
         let mut mmio = Vec::new();
         // Given paths replace the disks', then the filled slots'.
-        let n_disks = state.devices.iter().filter(|d| matches!(&d.device, DeviceState::Block(b) if b.slot.is_none())).count();
+        let n_disks = state.disks_and_filled_slots().0.len();
         let mut disk_no = 0;
         let mut slot_no = 0;
         for (i, ms) in state.devices.iter().enumerate() {

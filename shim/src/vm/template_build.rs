@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 
 use super::lifecycle::Gone;
 use super::template::{self, Shape};
-use super::{cleanup_state, VmSandbox};
+use super::{cleanup_state, disk_budget, VmSandbox};
 use crate::config::Config;
 use crate::sandbox::Result;
 use crate::spec;
@@ -69,8 +69,8 @@ pub async fn build(cfg: Config, shape: Shape) -> Result<Built> {
     })
 }
 
-/// A published template: its key, what went into it, and the bytes its
-/// files take on disk.
+/// A published template: its key, what went into it, and the bytes it
+/// takes on disk (its memory file is sparse).
 #[derive(Debug, Clone)]
 pub struct Listed {
     pub key: String,
@@ -98,33 +98,12 @@ pub fn list(cfg: &Config) -> Vec<Listed> {
             Some(Listed {
                 key,
                 info,
-                disk_bytes: disk_bytes(&dir),
+                disk_bytes: disk_budget::allocated(&dir),
             })
         })
         .collect();
     out.sort_by(|a, b| a.key.cmp(&b.key));
     out
-}
-
-/// Allocated bytes of the regular files under `dir` (a template's memory
-/// file is sparse).
-fn disk_bytes(dir: &Path) -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    let mut total = 0u64;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let Ok(md) = e.path().symlink_metadata() else {
-                continue;
-            };
-            if md.is_dir() {
-                stack.push(e.path());
-            } else if md.is_file() {
-                total = total.saturating_add(md.blocks().saturating_mul(512));
-            }
-        }
-    }
-    total
 }
 
 impl VmSandbox {

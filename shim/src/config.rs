@@ -28,7 +28,7 @@
 //! browser = false              # attach the browser image to every sandbox
 //!                              # (else annotation io.burrow.browser=true)
 //! browser_image = "/var/lib/burrow/browser.img"  # rootfs/browser-image's erofs
-//! templates = false            # start containers by restoring a warm template
+//! templates = true             # start containers by restoring a warm template
 //!                              # (annotation io.burrow.template=on|off)
 //! template_dir = "/var/cache/burrow/templates"  # one snapshot per VM shape
 //!
@@ -166,7 +166,7 @@ impl Default for Config {
             vmm_gid: burrow_vmm_api::jail::DEFAULT_JAIL_ID,
             browser: false,
             browser_image: PathBuf::from("/var/lib/burrow/browser.img"),
-            templates: false,
+            templates: true,
             template_dir: PathBuf::from("/var/cache/burrow/templates"),
         }
     }

@@ -442,11 +442,13 @@ mod tests {
             rootfs: vec![],
             stdin: false,
         };
+        assert!(c.templates, "templates are on by default");
+        assert!(wanted(&c, &with(None)));
+        assert!(!wanted(&c, &with(Some("off"))));
+        c.templates = false;
         assert!(!wanted(&c, &with(None)));
         assert!(wanted(&c, &with(Some("on"))));
         c.templates = true;
-        assert!(wanted(&c, &with(None)));
-        assert!(!wanted(&c, &with(Some("off"))));
         let mut netns = with(None);
         netns.spec = serde_json::json!({"linux": {"namespaces": [
             {"type": "network", "path": "/var/run/netns/x"}]}});

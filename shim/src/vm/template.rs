@@ -37,6 +37,7 @@ use sha2::{Digest, Sha256};
 
 use super::agent::Agent;
 use super::lifecycle::{Gone, VmInfo};
+use super::rootfs::GuestRootfs;
 use super::{guest_rootfs, net, netns, pod, snapshot, VmSandbox};
 use crate::config::Config;
 use crate::sandbox::{AfterCheckpoint, ContainerConfig, Result, SandboxError};
@@ -213,8 +214,6 @@ impl VmSandbox {
         self.prepare_state_dir(cfg)?;
         let (guest_spec, spec_json) = self.guest_spec(c)?;
         let started = Instant::now();
-        let rootfs = self.prepare_rootfs(cfg, c, guest_spec).await?;
-        let rootfs_ms = started.elapsed().as_millis();
         let size = spec::vm_size(&c.spec, cfg);
         let shape = Shape {
             vcpus: size.vcpus,
@@ -224,7 +223,6 @@ impl VmSandbox {
         };
         let (key, info) = key(cfg, shape)?;
         let dir = cfg.template_dir.join(&key);
-        let booting = Instant::now();
         let restored = published(&dir);
         let from = if restored.is_some() {
             "restored"
@@ -245,20 +243,42 @@ impl VmSandbox {
             .reset(shape.slots, pod::role(&c.spec) == pod::Role::Sandbox);
         let slot = self.slots.take(&c.id)?;
         let host = hostname(&self.sandbox_id());
+        // The root filesystem is made while the VM restores (it goes into a
+        // slot once the agent answers, not on the VMM's command line), so a
+        // start costs the longer of the two, not their sum.
+        let (made, rootfs) = tokio::sync::oneshot::channel::<GuestRootfs>();
+        let prepare = async {
+            let r = self.prepare_rootfs(cfg, c, guest_spec).await;
+            let ms = started.elapsed().as_millis();
+            match r {
+                Ok(rootfs) => {
+                    let _ = made.send(rootfs);
+                    Ok(ms)
+                }
+                Err(e) => Err(e),
+            }
+        };
         let fill = |agent: Agent| async move {
             let t = Instant::now();
             identity(&agent, &host, self.vm_generation()).await?;
+            let wait = Instant::now();
+            let rootfs = rootfs.await.map_err(|_| {
+                SandboxError::Internal(format!("no root filesystem for container {}", c.id))
+            })?;
+            let waited = wait.elapsed().as_millis();
             self.attach_rootfs(slot, &rootfs).await?;
             let guest = guest_rootfs(c, &rootfs, pod::guest_source(slot));
             let pid = agent
                 .create_container(&c.id, &spec_json, guest, c.stdin)
                 .await?;
-            Ok((pid, t.elapsed().as_millis()))
+            Ok((pid, t.elapsed().as_millis(), waited))
         };
-        let (pid, guest_ms) = if restored.is_some() {
-            tracing::info!("{}: restoring template {key}", c.id);
-            self.vm.start(args, fill).await?
-        } else {
+        let booting = Instant::now();
+        let start = async {
+            if restored.is_some() {
+                tracing::info!("{}: restoring template {key}", c.id);
+                return self.vm.start(args, fill).await;
+            }
             args.args.disk_slots = shape.slots;
             tracing::info!("{}: building template {key}: {}", c.id, args.describe());
             self.vm.start(args, |_| async { Ok(()) }).await?;
@@ -271,16 +291,22 @@ impl VmSandbox {
             if built.is_err() {
                 self.vm.stop(Gone::Stopped).await;
             }
-            built?
+            built
         };
+        // The root filesystem's error first: the VM's is then only that it
+        // had none.
+        let (rootfs_ms, started_vm) = tokio::join!(prepare, start);
+        let rootfs_ms = rootfs_ms?;
+        let (pid, guest_ms, waited_ms) = started_vm?;
         self.record_phases(
             &c.id,
             &format!(
-                "created from a template ({from}) in {} ms: root filesystem {} ms, VM to agent ready {} ms, identity, slot and container in the guest {} ms",
+                "created from a template ({from}) in {} ms: root filesystem {} ms (beside the VM's start), VM to agent ready {} ms, identity, slot and container in the guest {} ms (of it {} ms waiting for the root filesystem)",
                 started.elapsed().as_millis(),
                 rootfs_ms,
                 booting.elapsed().as_millis().saturating_sub(guest_ms),
-                guest_ms
+                guest_ms,
+                waited_ms
             ),
         );
         Ok(self.task_pid(pid).await)

@@ -115,6 +115,31 @@ impl ThinPool {
             .map(str::to_string)
             .collect()
     }
+
+    /// The pool's snapshot devices among process `pid`'s open files (a
+    /// VMM holds a container's thin device itself, however it got it: as
+    /// `--disk` on a cold boot, or into a block slot through the control
+    /// API when the VM came from a template).
+    pub fn held_by(&self, pid: i32) -> Vec<PathBuf> {
+        let prefix = format!("{}-snap-", self.name);
+        let snaps: Vec<PathBuf> = std::fs::read_dir("/dev/mapper")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+            .filter_map(|e| std::fs::canonicalize(e.path()).ok())
+            .collect();
+        let mut held: Vec<PathBuf> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| std::fs::read_link(e.path()).ok())
+            .filter(|f| snaps.contains(f) && is_block_device(f))
+            .collect();
+        held.sort();
+        held.dedup();
+        held
+    }
 }
 
 /// Whether `path` is a block device node.

@@ -532,12 +532,14 @@ fn pod_on_devmapper(handler: &str) {
         assert!(images.is_empty(), "no rootfs image is built: {images:?}");
         let pids = vmm_pids(&cri);
         assert_eq!(pids.len(), 1, "one VM for the pod: {pids:?}");
-        let pid = std::fs::read_to_string(&pids[0]).unwrap();
-        let cmdline = std::fs::read(format!("/proc/{}/cmdline", pid.trim())).unwrap();
-        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        assert!(
-            cmdline.contains(&format!("--disk /dev/mapper/{}-snap-", pool.name)),
-            "the VM boots on the sandbox's thin device: {cmdline}"
+        let pid: i32 = std::fs::read_to_string(&pids[0]).unwrap().trim().parse().unwrap();
+        // The pause container's device and both members': as `--disk` and
+        // through slots on a cold boot, all through slots from a template.
+        let held = pool.held_by(pid);
+        assert_eq!(
+            held.len(),
+            3,
+            "the pod's VM holds the pause container's and both members' thin devices: {held:?}"
         );
     }
     cri.remove_pod(&pod.id);

@@ -13,7 +13,6 @@
 use std::io::Read;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -21,7 +20,7 @@ use std::time::{Duration, Instant};
 use burrow_tests::containerd::{
     process_running, run, wait_output, walk, Containerd, NESTED_CONFIG,
 };
-use burrow_tests::devmapper::{command, host, is_block_device, ThinPool};
+use burrow_tests::devmapper::{command, host, ThinPool};
 use containerd_shim_protos::protobuf::well_known_types::any::Any;
 use containerd_shim_protos::{api, ttrpc, TaskClient};
 
@@ -604,24 +603,10 @@ fn a_block_device_snapshot_is_the_containers_disk() {
     // slot 0 through the control API).
     step("devmapper container runs");
     let vmm = c.vmm_pid(id);
-    let device_prefix = format!("{}-snap-", pool.name);
-    let snaps: Vec<PathBuf> = std::fs::read_dir("/dev/mapper")
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with(&device_prefix))
-        .filter_map(|e| std::fs::canonicalize(e.path()).ok())
-        .collect();
-    let open: Vec<PathBuf> = std::fs::read_dir(format!("/proc/{vmm}/fd"))
-        .unwrap()
-        .flatten()
-        .filter_map(|e| std::fs::read_link(e.path()).ok())
-        .collect();
-    let disk = open
-        .iter()
-        .find(|f| snaps.contains(f) && is_block_device(f))
-        .unwrap_or_else(|| {
-            panic!("burrow-vmm must hold a devmapper snapshot's device ({snaps:?}); its open files: {open:?}")
-        })
+    let held = pool.held_by(vmm);
+    let disk = held
+        .first()
+        .unwrap_or_else(|| panic!("burrow-vmm (pid {vmm}) must hold a devmapper snapshot's device"))
         .display()
         .to_string();
     let images: Vec<_> = walk(&c.burrow_state())

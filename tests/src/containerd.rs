@@ -118,6 +118,12 @@ pub const TEMPLATES_ENV: &str = "BURROW_TEST_TEMPLATES";
 /// [`Containerd::leftovers`] checks.
 pub const TEMPLATE_DIR: &str = "/run/burrow-test/templates";
 
+/// Whether this run's containerd tests have warm templates on (burrow's
+/// default; [`TEMPLATES_ENV`] `0` turns them off).
+pub fn templates_on() -> bool {
+    std::env::var(TEMPLATES_ENV).map_or(true, |v| v != "0")
+}
+
 /// The template lines of a burrow config: none when `extra_config` sets
 /// `templates` itself, off when [`TEMPLATES_ENV`] is `0`, else burrow's
 /// default (on) with the tests' template directory.
@@ -407,6 +413,31 @@ impl Containerd {
     /// burrow's state directory for this containerd.
     pub fn burrow_state(&self) -> PathBuf {
         self.dir.join("burrow")
+    }
+
+    /// The shim's line on how sandbox `id` (namespace `default`) started
+    /// its VM (`burrow sandbox ls -v`): "created from a template (...)"
+    /// or "created in ..." for a cold boot.
+    pub fn start_phases(&self, id: &str) -> String {
+        let p = self.burrow_state().join("default").join(id).join("phases");
+        std::fs::read_to_string(&p).unwrap_or_else(|e| format!("{}: {e}", p.display()))
+    }
+
+    /// Assert that sandbox `id` started as this run's mode says: from a
+    /// template when templates are on, a cold boot when off.
+    pub fn assert_started_as_configured(&self, id: &str) {
+        let phases = self.start_phases(id);
+        if templates_on() {
+            assert!(
+                phases.starts_with("created from a template"),
+                "{id} must start from a template (templates are on): {phases}"
+            );
+        } else {
+            assert!(
+                phases.starts_with("created in "),
+                "{id} must boot cold (templates are off): {phases}"
+            );
+        }
     }
 
     /// burrow's `image_dir` for this containerd: a container's rootfs

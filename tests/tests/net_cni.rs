@@ -125,6 +125,11 @@ fn container_network(runtime: &str, name: &str, octet: u8) {
     ]);
     assert_eq!(r.code, Some(0), "{r:?}\n{}", c.diagnostics());
     c.wait_status(&id, "RUNNING", LONG);
+    if runtime == RUNTIME {
+        // A named namespace's VM is restored from a template too: the
+        // agent gives the template's NIC the CNI interface's MAC.
+        c.assert_started_as_configured(&id);
+    }
 
     // The container has the namespace's address and route.
     let addr = c.exec_ok(

@@ -228,6 +228,17 @@ impl SandboxNet {
         }
     }
 
+    /// How the agent configures the NIC of a VM restored from a template
+    /// in a named namespace (a cold boot reads [`Self::cmdline`] instead):
+    /// the NIC to take (the VM's only one: it has the template's MAC) and
+    /// what to give it, the CNI interface's MAC included. None for a
+    /// namespace the shim made (configured at start).
+    pub fn restored_config(&self) -> Option<([u8; 6], GuestNet)> {
+        self.fresh
+            .is_none()
+            .then(|| (self.guest.mac, self.guest.clone()))
+    }
+
     /// The guest kernel command-line word the agent configures the NIC
     /// from; none for a namespace the shim made (configured at start).
     pub fn cmdline(&self) -> Option<String> {
@@ -588,6 +599,26 @@ impl super::VmSandbox {
         }
         *slot = Some(net);
         Ok(args)
+    }
+
+    /// Right after a restore from a template, before anything runs in the
+    /// guest: give the NIC of a named namespace's VM its address, routes
+    /// and the CNI interface's MAC (a cold boot had them on its command
+    /// line).
+    pub(super) async fn configure_restored_network(
+        &self,
+        agent: &super::agent::Agent,
+    ) -> Result<()> {
+        let config = self
+            .net
+            .lock()
+            .await
+            .as_ref()
+            .and_then(SandboxNet::restored_config);
+        if let Some((mac, guest)) = config {
+            agent.configure_network(mac, &guest).await?;
+        }
+        Ok(())
     }
 
     /// At the first start: configure the guest's NIC if CNI filled the

@@ -57,7 +57,13 @@ pub fn wanted(cfg: &Config, c: &ContainerConfig) -> bool {
         Some("off" | "false") => false,
         _ => cfg.templates,
     };
-    asked && net::netns_path(&c.spec).is_none() && !spec::wants_browser(&c.spec, cfg)
+    asked && !spec::wants_browser(&c.spec, cfg)
+}
+
+/// Whether container `c`'s VM has a NIC: in a namespace the shim makes
+/// (`ctr run`) or a named one (CNI's, a CRI pod's, `--with-ns`).
+pub fn has_nic(spec: &serde_json::Value) -> bool {
+    netns::wants_fresh(spec) || net::netns_path(spec).is_some()
 }
 
 /// What a template is a snapshot of.
@@ -67,10 +73,11 @@ pub struct Shape {
     pub memory_mib: u64,
     /// Block slots: the container's rootfs takes the first.
     pub slots: u32,
-    /// A NIC, down and unaddressed, on the tap of a namespace the shim
-    /// made (a spec asking for a new network namespace: `ctr run`). A
-    /// restore is handed its own sandbox's tap; `ctr run --cni` then
-    /// configures the NIC at Start as for a cold boot.
+    /// A NIC, down and unaddressed. A restore is handed its own sandbox's
+    /// tap: in a namespace the shim made (`ctr run`), `ctr run --cni`
+    /// then configures the NIC at Start as for a cold boot; in a named
+    /// one (CNI's, a CRI pod's) the agent configures it, the CNI
+    /// interface's MAC included, before the container is created.
     pub nic: bool,
 }
 
@@ -219,7 +226,7 @@ impl VmSandbox {
             vcpus: size.vcpus,
             memory_mib: size.memory_mib,
             slots: pod_slots.saturating_add(1),
-            nic: netns::wants_fresh(&c.spec),
+            nic: has_nic(&c.spec),
         };
         let (key, info) = key(cfg, shape)?;
         let dir = cfg.template_dir.join(&key);
@@ -261,6 +268,7 @@ impl VmSandbox {
         let fill = |agent: Agent| async move {
             let t = Instant::now();
             identity(&agent, &host, self.vm_generation()).await?;
+            self.configure_restored_network(&agent).await?;
             let wait = Instant::now();
             let rootfs = rootfs.await.map_err(|_| {
                 SandboxError::Internal(format!("no root filesystem for container {}", c.id))
@@ -478,6 +486,14 @@ mod tests {
         let mut netns = with(None);
         netns.spec = serde_json::json!({"linux": {"namespaces": [
             {"type": "network", "path": "/var/run/netns/x"}]}});
-        assert!(!wanted(&c, &netns), "a NIC would carry the template's MAC");
+        assert!(
+            wanted(&c, &netns),
+            "a named namespace's VM is restored too (the agent takes the CNI MAC)"
+        );
+        assert!(has_nic(&netns.spec));
+        assert!(has_nic(
+            &serde_json::json!({"linux": {"namespaces": [{"type": "network"}]}})
+        ));
+        assert!(!has_nic(&serde_json::json!({"linux": {"namespaces": []}})));
     }
 }

@@ -627,6 +627,74 @@ fn without_cni_the_guest_has_loopback_only() {
     );
 }
 
+/// A template is no sandbox's: built by a container in a named namespace
+/// (whose NIC a cold boot would configure from its kernel command line),
+/// it carries none of that container's network, so a `ctr run` restored
+/// from it has loopback only, while the builder has its CNI address.
+#[test]
+fn a_template_built_in_a_named_namespace_carries_none_of_its_network() {
+    let templates = burrow_tests::scratch_dir("net-templates");
+    let c = Containerd::start(
+        "tmplnet",
+        &format!(
+            "templates = true\ntemplate_dir = {:?}\n{}",
+            templates.display().to_string(),
+            burrow_tests::containerd::NESTED_CONFIG
+        ),
+    );
+    let ns = CniNetns::add("burrow-tmplnet", 69);
+    run_sh_in(&c, &ns, "t-builder", "open", "exec sleep 100000");
+    let phases = c.start_phases("t-builder");
+    assert!(
+        phases.starts_with("created from a template (built)"),
+        "the first container builds the template: {phases}"
+    );
+    let addr = c.exec_ok(
+        "t-builder",
+        "addr",
+        &["ip", "-o", "-4", "addr", "show", "dev", "eth0"],
+    );
+    assert!(
+        addr.contains(&format!("inet {}/24", ns.ip)),
+        "the builder has its CNI address {}: {addr}",
+        ns.ip
+    );
+    let restored = |c: &Containerd| {
+        std::fs::read_to_string(c.dir.join("containerd.log"))
+            .unwrap_or_default()
+            .matches("created from a template (restored)")
+            .count()
+    };
+    let before = restored(&c);
+    let r = c.ctr(&burrow_tests::containerd::run(
+        &["--rm"],
+        "t-after",
+        &["sh", "-c", "ip -o addr; echo routes:; ip route"],
+    ));
+    assert_eq!(r.code, Some(0), "{r:?}\n{}", c.diagnostics());
+    assert_eq!(
+        restored(&c),
+        before + 1,
+        "the second container is restored from the builder's template"
+    );
+    let (addrs, routes) = r.stdout.split_once("routes:").unwrap();
+    let inet: Vec<&str> = addrs.lines().filter(|l| l.contains("inet")).collect();
+    assert!(
+        !inet.is_empty() && inet.iter().all(|l| l.contains("scope host")),
+        "a VM from the template has loopback only, not the builder's {}: {}",
+        ns.ip,
+        r.stdout
+    );
+    assert!(!routes.contains(" dev "), "no routes: {}", r.stdout);
+    c.ctr(&["task", "kill", "-s", "KILL", "t-builder"]);
+    c.wait_status("t-builder", "STOPPED", LONG);
+    assert_eq!(c.ctr(&["task", "delete", "t-builder"]).code, Some(0));
+    assert_eq!(c.ctr(&["container", "delete", "t-builder"]).code, Some(0));
+    c.assert_clean(CLEAN);
+    assert_namespace_clean(&ns);
+    let _ = std::fs::remove_dir_all(&templates);
+}
+
 /// `ctr run --cni` under `runtime`: the container gets the address CNI
 /// gave the namespace of the task pid, serves the test host on it and
 /// reaches the test host; once the task is killed ctr's CNI DEL releases

@@ -485,7 +485,7 @@ impl VmSandbox {
         )?;
         args.args.disk_slots = slots;
         self.slots.reset(slots, pod::role(&c.spec) == pod::Role::Sandbox);
-        let args = self.with_network(&c.spec, args).await?;
+        let args = self.with_network(&c.spec, args, true).await?;
         tracing::info!(
             "booting VM: {} vCPUs, {} MiB, {}",
             size.vcpus,
@@ -600,7 +600,7 @@ impl VmSandbox {
             Some(vm_dir),
             &c.spec,
         )?;
-        let mut args = self.with_network(&c.spec, args).await?;
+        let mut args = self.with_network(&c.spec, args, false).await?;
         // The VMM checks the state file itself before it opens anything the
         // state names: no base snapshot, slot file or tap by name, and the
         // size the manifest says (checked against the config above).

@@ -578,10 +578,16 @@ impl super::VmSandbox {
     /// Give the VM `args` start a NIC in the network namespace `spec`
     /// names (set up once per sandbox; a restart of the VMM reuses it).
     /// Without one, `args` are unchanged: loopback only.
+    /// `nic_on_cmdline`: a cold boot of this sandbox's own VM configures a
+    /// named namespace's NIC from its kernel command line; a VM that is or
+    /// becomes a template must boot with none (its snapshot would carry
+    /// this sandbox's MAC, address and routes into every VM restored from
+    /// it), and the agent configures it after the restore instead.
     pub(super) async fn with_network(
         &self,
         spec: &Value,
         mut args: super::vmm::VmmLaunch,
+        nic_on_cmdline: bool,
     ) -> Result<super::vmm::VmmLaunch> {
         let named = netns_path(spec);
         if named.is_none() && !netns::wants_fresh(spec) {
@@ -594,7 +600,7 @@ impl super::VmSandbox {
             (None, None) => SandboxNet::setup_fresh(Egress::from_spec(spec)?).await?,
         };
         args.args.net = Some(net.net_arg());
-        if args.args.restore.is_none() {
+        if nic_on_cmdline && args.args.restore.is_none() {
             args.args.append.extend(net.cmdline());
         }
         *slot = Some(net);

@@ -245,7 +245,9 @@ impl VmSandbox {
         )?;
         // The namespace the shim makes, its tap, and the holder whose pid
         // is the task's (so `ctr run --cni` configures that namespace).
-        let mut args = self.with_network(&c.spec, args).await?;
+        // Nothing of this sandbox's network on a template's command line:
+        // a named namespace's NIC is configured in `fill`.
+        let mut args = self.with_network(&c.spec, args, false).await?;
         self.slots
             .reset(shape.slots, pod::role(&c.spec) == pod::Role::Sandbox);
         let slot = self.slots.take(&c.id)?;

@@ -123,7 +123,7 @@ impl VmSandbox {
             json!({})
         };
         let args = self.vmm_args(cfg, None, (shape.vcpus, shape.memory_mib), None, &spec)?;
-        let mut args = self.with_network(&spec, args).await?;
+        let mut args = self.with_network(&spec, args, false).await?;
         args.args.disk_slots = shape.slots;
         self.slots.reset(shape.slots, false);
         tracing::info!("building template {key}: {}", args.describe());

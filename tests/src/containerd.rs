@@ -415,6 +415,16 @@ impl Containerd {
         self.dir.join("burrow")
     }
 
+    /// Lines of containerd's log (which carries the shim's) containing
+    /// `what`.
+    pub fn log_count(&self, what: &str) -> usize {
+        std::fs::read_to_string(self.dir.join("containerd.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains(what))
+            .count()
+    }
+
     /// The shim's line on how sandbox `id` (namespace `default`) started
     /// its VM (`burrow sandbox ls -v`): "created from a template (...)"
     /// or "created in ..." for a cold boot.

@@ -132,16 +132,7 @@ fn container_network(runtime: &str, name: &str, octet: u8) {
     }
 
     // The container has the namespace's address and route.
-    let addr = c.exec_ok(
-        &id,
-        "addr",
-        &["ip", "-o", "-4", "addr", "show", "dev", "eth0"],
-    );
-    assert!(
-        addr.contains(&format!("inet {}/24", ns.ip)),
-        "eth0 in the container must have the CNI address {}: {addr}",
-        ns.ip
-    );
+    assert_cni_address(&c, &id, &ns);
     let route = c.exec_ok(&id, "route", &["ip", "route"]);
     assert!(
         route.contains(&format!("default via {}", ns.gateway)),
@@ -234,6 +225,16 @@ fn container_network(runtime: &str, name: &str, octet: u8) {
         c.assert_clean(CLEAN);
         assert_namespace_clean(&ns);
     }
+}
+
+/// eth0 in container `id` has the CNI address of `ns`.
+fn assert_cni_address(c: &Containerd, id: &str, ns: &CniNetns) {
+    let addr = c.exec_ok(id, "addr", &["ip", "-o", "-4", "addr", "show", "dev", "eth0"]);
+    assert!(
+        addr.contains(&format!("inet {}/24", ns.ip)),
+        "eth0 in container {id} must have the CNI address {}: {addr}",
+        ns.ip
+    );
 }
 
 /// Nothing of burrow left in the namespace: no tap, no redirect, no
@@ -649,23 +650,9 @@ fn a_template_built_in_a_named_namespace_carries_none_of_its_network() {
         phases.starts_with("created from a template (built)"),
         "the first container builds the template: {phases}"
     );
-    let addr = c.exec_ok(
-        "t-builder",
-        "addr",
-        &["ip", "-o", "-4", "addr", "show", "dev", "eth0"],
-    );
-    assert!(
-        addr.contains(&format!("inet {}/24", ns.ip)),
-        "the builder has its CNI address {}: {addr}",
-        ns.ip
-    );
-    let restored = |c: &Containerd| {
-        std::fs::read_to_string(c.dir.join("containerd.log"))
-            .unwrap_or_default()
-            .matches("created from a template (restored)")
-            .count()
-    };
-    let before = restored(&c);
+    assert_cni_address(&c, "t-builder", &ns);
+    const RESTORED: &str = "created from a template (restored)";
+    let before = c.log_count(RESTORED);
     let r = c.ctr(&burrow_tests::containerd::run(
         &["--rm"],
         "t-after",
@@ -673,7 +660,7 @@ fn a_template_built_in_a_named_namespace_carries_none_of_its_network() {
     ));
     assert_eq!(r.code, Some(0), "{r:?}\n{}", c.diagnostics());
     assert_eq!(
-        restored(&c),
+        c.log_count(RESTORED),
         before + 1,
         "the second container is restored from the builder's template"
     );

@@ -26,15 +26,6 @@ fn templates(dir: &Path) -> Vec<String> {
     names
 }
 
-/// Lines of containerd's log (which carries the shim's) containing `what`.
-fn log_count(c: &Containerd, what: &str) -> usize {
-    std::fs::read_to_string(c.dir.join("containerd.log"))
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| l.contains(what))
-        .count()
-}
-
 /// Copy `from` to `to` through a new file (a new inode and mtime: to the
 /// shim, a changed input).
 fn replace_copy(from: &Path, to: &Path) {
@@ -90,7 +81,7 @@ fn containers_from_a_template_start_warm_and_are_each_their_own() {
     assert_eq!(built.stdout.trim(), "built", "{built:?}");
     let first = templates(&tdir);
     assert_eq!(first.len(), 1, "one template: {first:?}");
-    assert_eq!(log_count(&c, "building template"), 1);
+    assert_eq!(c.log_count("building template"), 1);
 
     // Restored: the same as a cold one to ctr, with its own identity.
     let warm = c.ctr(&run(
@@ -101,7 +92,7 @@ fn containers_from_a_template_start_warm_and_are_each_their_own() {
     assert_eq!(warm.code, Some(5), "{warm:?}\n{}", c.diagnostics());
     assert_eq!(warm.stdout.trim(), "warm", "{warm:?}");
     assert_eq!(
-        log_count(&c, "created from a template (restored)"),
+        c.log_count("created from a template (restored)"),
         1,
         "{}",
         c.diagnostics()
@@ -124,7 +115,7 @@ fn containers_from_a_template_start_warm_and_are_each_their_own() {
         assert_eq!(lines[2].len(), 64, "32 random bytes {out:?}");
         seen.push(lines);
     }
-    assert_eq!(log_count(&c, "created from a template (restored)"), 3);
+    assert_eq!(c.log_count("created from a template (restored)"), 3);
     for i in 0..3 {
         assert_ne!(
             seen[0][i], seen[1][i],
@@ -146,7 +137,7 @@ fn containers_from_a_template_start_warm_and_are_each_their_own() {
     let again = c.ctr(&run(&["--rm"], "t-rebuilt", &["sh", "-c", "echo again"]));
     assert_eq!(again.code, Some(0), "{again:?}\n{}", c.diagnostics());
     assert_eq!(again.stdout.trim(), "again");
-    assert_eq!(log_count(&c, "building template"), 2, "rebuilt, not reused");
+    assert_eq!(c.log_count("building template"), 2, "rebuilt, not reused");
     let second = templates(&tdir);
     assert_eq!(second.len(), 1, "the stale one is gone: {second:?}");
     assert_ne!(first, second);
@@ -183,12 +174,12 @@ fn containers_from_a_template_start_warm_and_are_each_their_own() {
     assert_eq!(warm.code, Some(0), "{warm:?}\n{}", c.diagnostics());
     assert_eq!(warm.stdout.trim(), "prebuilt");
     assert_eq!(
-        log_count(&c, "building template"),
+        c.log_count("building template"),
         2,
         "the shim restored the CLI's template\n{}",
         c.diagnostics()
     );
-    assert_eq!(log_count(&c, "created from a template (restored)"), 4);
+    assert_eq!(c.log_count("created from a template (restored)"), 4);
     c.assert_clean(CLEAN);
     drop(c);
     let _ = std::fs::remove_dir_all(&inputs);

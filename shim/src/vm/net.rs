@@ -228,15 +228,13 @@ impl SandboxNet {
         }
     }
 
-    /// How the agent configures the NIC of a VM restored from a template
-    /// in a named namespace (a cold boot reads [`Self::cmdline`] instead):
-    /// the NIC to take (the VM's only one: it has the template's MAC) and
-    /// what to give it, the CNI interface's MAC included. None for a
-    /// namespace the shim made (configured at start).
-    pub fn restored_config(&self) -> Option<([u8; 6], GuestNet)> {
-        self.fresh
-            .is_none()
-            .then(|| (self.guest.mac, self.guest.clone()))
+    /// What the agent gives the NIC of a VM restored from a template in a
+    /// named namespace (a cold boot reads [`Self::cmdline`] instead), the
+    /// CNI interface's MAC included; the agent takes the VM's only NIC,
+    /// which has the template's MAC. None for a namespace the shim made
+    /// (configured at start).
+    pub fn restored_config(&self) -> Option<GuestNet> {
+        self.fresh.is_none().then(|| self.guest.clone())
     }
 
     /// The guest kernel command-line word the agent configures the NIC
@@ -621,8 +619,8 @@ impl super::VmSandbox {
             .await
             .as_ref()
             .and_then(SandboxNet::restored_config);
-        if let Some((mac, guest)) = config {
-            agent.configure_network(mac, &guest).await?;
+        if let Some(guest) = config {
+            agent.configure_network(guest.mac, &guest).await?;
         }
         Ok(())
     }

@@ -257,15 +257,9 @@ impl VmSandbox {
         // start costs the longer of the two, not their sum.
         let (made, rootfs) = tokio::sync::oneshot::channel::<GuestRootfs>();
         let prepare = async {
-            let r = self.prepare_rootfs(cfg, c, guest_spec).await;
-            let ms = started.elapsed().as_millis();
-            match r {
-                Ok(rootfs) => {
-                    let _ = made.send(rootfs);
-                    Ok(ms)
-                }
-                Err(e) => Err(e),
-            }
+            let rootfs = self.prepare_rootfs(cfg, c, guest_spec).await?;
+            let _ = made.send(rootfs);
+            Ok::<_, SandboxError>(started.elapsed().as_millis())
         };
         let fill = |agent: Agent| async move {
             let t = Instant::now();

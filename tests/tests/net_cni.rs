@@ -215,16 +215,22 @@ fn container_network(runtime: &str, name: &str, octet: u8) {
         );
     }
 
-    c.ctr(&["task", "kill", "-s", "KILL", &id]);
-    c.wait_status(&id, "STOPPED", LONG);
-    let r = c.ctr(&["task", "delete", &id]);
-    assert_eq!(r.code, Some(0), "{r:?}");
-    let r = c.ctr(&["container", "delete", &id]);
-    assert_eq!(r.code, Some(0), "{r:?}");
+    kill_and_remove(&c, &id);
     if runtime == RUNTIME {
         c.assert_clean(CLEAN);
         assert_namespace_clean(&ns);
     }
+}
+
+/// SIGKILL container `id`, wait until it stopped, and delete its task and
+/// the container, each successfully.
+fn kill_and_remove(c: &Containerd, id: &str) {
+    c.ctr(&["task", "kill", "-s", "KILL", id]);
+    c.wait_status(id, "STOPPED", LONG);
+    let r = c.ctr(&["task", "delete", id]);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    let r = c.ctr(&["container", "delete", id]);
+    assert_eq!(r.code, Some(0), "{r:?}");
 }
 
 /// eth0 in container `id` has the CNI address of `ns`.
@@ -575,10 +581,7 @@ fn egress_policy_holds_outside_the_guest() {
     );
 
     for id in ["t-allow", "t-deny", "t-open"] {
-        c.ctr(&["task", "kill", "-s", "KILL", id]);
-        c.wait_status(id, "STOPPED", LONG);
-        assert_eq!(c.ctr(&["task", "delete", id]).code, Some(0));
-        assert_eq!(c.ctr(&["container", "delete", id]).code, Some(0));
+        kill_and_remove(&c, id);
     }
     c.assert_clean(CLEAN);
     assert_namespace_clean(&allow);
@@ -673,10 +676,7 @@ fn a_template_built_in_a_named_namespace_carries_none_of_its_network() {
         r.stdout
     );
     assert!(!routes.contains(" dev "), "no routes: {}", r.stdout);
-    c.ctr(&["task", "kill", "-s", "KILL", "t-builder"]);
-    c.wait_status("t-builder", "STOPPED", LONG);
-    assert_eq!(c.ctr(&["task", "delete", "t-builder"]).code, Some(0));
-    assert_eq!(c.ctr(&["container", "delete", "t-builder"]).code, Some(0));
+    kill_and_remove(&c, "t-builder");
     c.assert_clean(CLEAN);
     assert_namespace_clean(&ns);
     let _ = std::fs::remove_dir_all(&templates);
@@ -881,10 +881,7 @@ fn a_tcp_connection_from_the_test_host_survives_hibernation_checkpoint_and_resto
     );
 
     drop(conn);
-    c.ctr(&["task", "kill", "-s", "KILL", "t-tcp2"]);
-    c.wait_status("t-tcp2", "STOPPED", LONG);
-    assert_eq!(c.ctr(&["task", "delete", "t-tcp2"]).code, Some(0));
-    assert_eq!(c.ctr(&["containers", "delete", "t-tcp2"]).code, Some(0));
+    kill_and_remove(&c, "t-tcp2");
     c.assert_clean(CLEAN);
     assert_namespace_clean(&ns);
 }
@@ -973,10 +970,7 @@ fn a_guest_flooding_its_nic_cannot_starve_the_vmm_control_api() {
     );
     flowing("after the checkpoint");
 
-    c.ctr(&["task", "kill", "-s", "KILL", id]);
-    c.wait_status(id, "STOPPED", LONG);
-    assert_eq!(c.ctr(&["task", "delete", id]).code, Some(0));
-    assert_eq!(c.ctr(&["containers", "delete", id]).code, Some(0));
+    kill_and_remove(&c, id);
     c.assert_clean(CLEAN);
     assert_namespace_clean(&ns);
 }

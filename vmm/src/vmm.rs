@@ -29,7 +29,7 @@ use kvm_bindings::{
     kvm_pit_config, kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES, KVM_MEM_LOG_DIRTY_PAGES,
     KVM_PIT_SPEAKER_DUMMY,
 };
-use kvm_ioctls::{IoEventAddress, Kvm, VcpuFd, VmFd};
+use kvm_ioctls::{Cap, IoEventAddress, Kvm, VcpuFd, VmFd};
 use crate::GuestMemoryMmap;
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
@@ -259,13 +259,14 @@ impl Vmm {
         let supported = kvm
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
             .map_err(ioctl("KVM_GET_SUPPORTED_CPUID"))?;
+        let tsc_deadline = kvm.check_extension(Cap::TscDeadlineTimer);
         let mut pending_vcpus = Vec::new();
         for id in 0..config.vcpus {
             let vcpu = vm
                 .create_vcpu(u64::from(id))
                 .map_err(ioctl("KVM_CREATE_VCPU"))?;
             let mut c = supported.clone();
-            cpuid::filter(&mut c, id, config.vcpus);
+            cpuid::filter(&mut c, id, config.vcpus, tsc_deadline);
             vcpu.set_cpuid2(&c).map_err(ioctl("KVM_SET_CPUID2"))?;
             regs::configure_vcpu(&vcpu, &mem, entry.protocol, entry.entry, id == 0)?;
             pending_vcpus.push(vcpu);

@@ -239,7 +239,11 @@ impl TaskService {
         };
         let pid = if req.exec_id.is_empty() {
             if !restored {
-                if let Err(e) = self.sandbox().start_container(&req.id).await {
+                let t = std::time::Instant::now();
+                let r = self.sandbox().start_container(&req.id).await;
+                // Where a start's time goes (bench/runtimes reads these).
+                tracing::info!("{}: started in {} ms", req.id, t.elapsed().as_millis());
+                if let Err(e) = r {
                     // Its init never ran (exec failed in the guest, say): a
                     // task that has ended, as runc's does, so that a wait
                     // returns and a delete (CRI's cleanup) goes through.
@@ -387,7 +391,9 @@ impl Task for TaskService {
             at: now(),
         });
         if req.exec_id.is_empty() {
+            let t = std::time::Instant::now();
             self.sandbox().delete_container(&req.id).await?;
+            tracing::info!("{}: deleted in {} ms", req.id, t.elapsed().as_millis());
             self.lock().containers.remove(&req.id);
             self.publish(TaskDelete {
                 container_id: req.id.clone(),
@@ -699,9 +705,11 @@ impl Task for TaskService {
         if self.container_count() > 0 {
             return Ok(api::Empty::default());
         }
+        let t = std::time::Instant::now();
         if let Err(e) = self.sandbox().shutdown().await {
             tracing::warn!("shutting the sandbox down: {e}");
         }
+        tracing::info!("sandbox shut down in {} ms", t.elapsed().as_millis());
         self.inner.exit.signal();
         Ok(api::Empty::default())
     }

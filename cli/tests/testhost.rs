@@ -73,6 +73,32 @@ fn a_hung_test_host_is_killed_at_its_timeout() {
     assert!(start.elapsed() < Duration::from_secs(60), "took {:?}", start.elapsed());
 }
 
+/// A test host whose heartbeat stops is frozen: exit 75, and since its
+/// console says nothing, the report says where QEMU's CPUs were (each
+/// vCPU thread's CPU use, each emulated CPU's RIP). A 3 s limit makes the
+/// gap between two 5 s beats look like a freeze.
+#[test]
+fn a_frozen_test_host_is_reported_with_where_its_cpus_were() {
+    let _turn = turn();
+    let out = testhost()
+        .env("TESTHOST_LOCK", "none")
+        .env("TESTHOST_HEARTBEAT_LIMIT", "3")
+        .args(["--smp", "2", "--timeout", "120", "--", "sleep", "600"])
+        .output()
+        .expect("run hack/testhost");
+    let stderr = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(75), "stderr: {stderr}");
+    assert!(stderr.contains("testhost: trouble: frozen"), "stderr: {stderr}");
+    for want in ["CPU 0/TCG: ", "CPU 1/TCG: ", "CPU#0", "CPU#1"] {
+        assert!(stderr.contains(want), "no {want:?} in the report\nstderr: {stderr}");
+    }
+    assert_eq!(
+        stderr.matches("RIP=").count(),
+        2,
+        "one RIP per emulated CPU\nstderr: {stderr}"
+    );
+}
+
 #[test]
 fn a_missing_kernel_is_refused_with_what_to_do() {
     let _turn = turn();

@@ -42,16 +42,20 @@ pub async fn configure_nic(nic: [u8; 6], net: &GuestNet) -> anyhow::Result<()> {
     let (conn, handle, _) = rtnetlink::new_connection()?;
     let task = tokio::spawn(conn);
     let r = async {
-        let link = match find_by_mac(&handle, nic).await? {
+        // The NIC asked for, else one already given the config's MAC (the
+        // same lookup when the caller named that MAC, so not twice).
+        let found = match find_by_mac(&handle, nic).await? {
+            Some(l) => Some(l),
+            None if net.mac != nic => find_by_mac(&handle, net.mac).await?,
+            None => None,
+        };
+        let link = match found {
             Some(l) => l,
-            None => match find_by_mac(&handle, net.mac).await? {
-                Some(l) => l,
-                // A guest restored from a template has the template's MAC:
-                // a burrow VM has one NIC at most.
-                None => only_nic(&handle)
-                    .await?
-                    .ok_or_else(|| anyhow::anyhow!("no network interface has MAC {nic:02x?}"))?,
-            },
+            // A guest restored from a template has the template's MAC:
+            // a burrow VM has one NIC at most.
+            None => only_nic(&handle)
+                .await?
+                .ok_or_else(|| anyhow::anyhow!("no network interface has MAC {nic:02x?}"))?,
         };
         let index = link.header.index;
         // Down while its address changes (not every driver can change it live).

@@ -97,6 +97,14 @@ fn a_frozen_test_host_is_reported_with_where_its_cpus_were() {
         2,
         "one RIP per emulated CPU\nstderr: {stderr}"
     );
+    // Each RIP named from the kernel's symbols (`RIP …: native_safe_halt+0xb
+    // (interrupts on)` for this idle one), unless this was the first boot of
+    // this kernel, which only now wrote them.
+    let named = stderr.matches("(interrupts ").count();
+    assert!(
+        named == 2 || stderr.contains("no kernel symbols in"),
+        "RIPs neither named nor said why\nstderr: {stderr}"
+    );
 }
 
 #[test]

@@ -18,6 +18,10 @@ pub struct BuildArgs {
     /// The shape of `ctr run --net-host` (no NIC) instead of `ctr run`'s.
     #[arg(long)]
     no_nic: bool,
+    /// The shape of a container with `io.burrow.browser=true`: the
+    /// config's `browser_image` as the VM's first disk.
+    #[arg(long)]
+    browser: bool,
 }
 
 fn config() -> Result<Config> {
@@ -39,6 +43,7 @@ fn within<T: PartialOrd + std::fmt::Display>(flag: &str, v: T, (min, max): (T, T
 pub fn build(a: BuildArgs) -> Result<i32> {
     let cfg = config()?;
     let mut shape = template_build::default_shape(&cfg, !a.no_nic);
+    shape.browser = a.browser;
     if let Some(v) = a.vcpus {
         shape.vcpus = within("--vcpus", v, (cfg.vcpus.min, cfg.vcpus.max))?;
     }

@@ -1,7 +1,8 @@
 //! Hostile checkpoints through containerd (issue 15): a checkpoint is a tar
 //! in containerd's content store, and whoever can write there can hand the
 //! shim symlinks, FIFOs, an unpacked layout, a VM bigger than the host
-//! allows, or a VM state that names another snapshot's memory. Each must be
+//! allows, a memory pack whose extents run past it, or a VM state that
+//! names another snapshot's memory. Each must be
 //! refused quickly, with an error that says why, through `ctr c restore`,
 //! with nothing copied, mapped or left behind; and the untouched checkpoint
 //! must still restore (the refusals were for their reason only).
@@ -300,6 +301,20 @@ fn hostile_checkpoints_are_refused_through_containerd_and_the_real_one_restores(
             "h-edited-manifest",
             Box::new(|m| edit_manifest(m, |v| v["container_id"] = "other".into())),
             "its signature does not match",
+        ),
+        // Memory packed page-aligned, mapped in place by the VMM: an
+        // extent whose bytes would run past the pack (the memory pack is
+        // not signed: its header is checked before anything is mapped).
+        (
+            "h-memory-extent",
+            Box::new(|m| {
+                let f = file(m, "vm/memory.packed");
+                assert_eq!(&f[..8], b"BRWSPRS\x02", "memory packed page-aligned");
+                // The first extent's length (offset 32) grows by a page.
+                let len = u64::from_le_bytes(f[32..40].try_into().unwrap());
+                f[32..40].copy_from_slice(&(len + 4096).to_le_bytes());
+            }),
+            "the checkpoint's memory",
         ),
         // With the key (defence in depth): the VMM's own checks.
         (

@@ -529,6 +529,9 @@ fn mcp_browser_tools_on_a_sandbox_that_asked_for_a_browser() {
     ));
     assert_eq!(r.code, Some(0), "{r:?}\n{}", c.diagnostics());
     c.wait_status(BROWSER_ID, "RUNNING", LONG);
+    // A browser sandbox starts from a template too (its own shape: the
+    // image is the template's first disk); this first one builds it.
+    c.assert_started_as_configured(BROWSER_ID);
 
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
@@ -659,8 +662,37 @@ fn mcp_browser_tools_on_a_sandbox_that_asked_for_a_browser() {
     assert_eq!(r.code, Some(0), "{r:?}");
     assert!(std::fs::read(&out).unwrap().starts_with(b"\x89PNG"));
 
-    c.ctr(&["task", "kill", "-s", "SIGKILL", BROWSER_ID]);
-    c.wait_status(BROWSER_ID, "STOPPED", LONG);
-    c.ctr(&["task", "delete", BROWSER_ID]);
-    c.ctr(&["containers", "rm", BROWSER_ID]);
+    // A second browser sandbox: with templates on it is restored from the
+    // first one's template, and its browser works there (the image found
+    // as the restored guest's first disk, its own page).
+    let second = "t-mcp-browser-2";
+    let r = c.ctr(&Containerd::run_args(&flags, second, &["sleep", "100000"]));
+    assert_eq!(r.code, Some(0), "{r:?}\n{}", c.diagnostics());
+    c.wait_status(second, "RUNNING", LONG);
+    c.assert_started_as_configured(second);
+    if burrow_tests::containerd::templates_on() {
+        let phases = c.start_phases(second);
+        assert!(
+            phases.starts_with("created from a template (restored)"),
+            "{phases}"
+        );
+    }
+    let page2 = "data:text/html,<title>second</title><button>from%20the%20template</button>";
+    let r = c.burrow(&["browse", second, page2, "--text", "--timeout", "300"]);
+    assert_eq!(r.code, Some(0), "{r:?}\n{}", c.diagnostics());
+    assert!(
+        r.stdout.contains("title: second\n")
+            && r.stdout.contains("[1] button \"from the template\""),
+        "{r:?}"
+    );
+    // The first sandbox's browser still shows its own page.
+    let r = c.burrow(&["browse", BROWSER_ID, "--text"]);
+    assert!(r.stdout.contains("[1] button \"Press\""), "{r:?}");
+
+    for id in [BROWSER_ID, second] {
+        c.ctr(&["task", "kill", "-s", "SIGKILL", id]);
+        c.wait_status(id, "STOPPED", LONG);
+        c.ctr(&["task", "delete", id]);
+        c.ctr(&["containers", "rm", id]);
+    }
 }

@@ -251,6 +251,13 @@ fn checkpoint_then_restore_continues_the_process_tree_three_times_and_refuses_a_
         let r = c.ctr(&args);
         assert_eq!(r.code, Some(0), "restore {id}: {r:?}\n{}", c.diagnostics());
         c.wait_status(id, "RUNNING", LONG);
+        // The packed memory was mapped where it lies, not unpacked first.
+        let phases = c.start_phases(id);
+        assert!(
+            phases.starts_with("restored from a checkpoint")
+                && phases.contains("(memory mapped in place)"),
+            "{id}: {phases}"
+        );
         let got = counter(&c, id, "r-c1");
         assert!(
             got >= before,

@@ -168,8 +168,12 @@ fn restore(args: &RunArgs, dir: &std::path::Path) -> anyhow::Result<(Vmm, Option
         net: args.net.as_ref().map(|n| n.tap.clone()),
     };
     check_restore(&opts, &state).with_context(|| format!("snapshot {}", dir.display()))?;
+    let packed = match args.packed_memory_fd {
+        Some(fd) => Some(packed_memory(fd, dir, &state).with_context(|| format!("snapshot {}", dir.display()))?),
+        None => None,
+    };
     let api = bind_api(args)?;
-    match Vmm::restore(&opts, &state, &chain) {
+    match Vmm::restore_packed(&opts, &state, &chain, packed.as_ref()) {
         Ok(vmm) => Ok((vmm, api)),
         Err(e) => {
             if let Some(p) = &args.api {
@@ -178,6 +182,21 @@ fn restore(args: &RunArgs, dir: &std::path::Path) -> anyhow::Result<(Vmm, Option
             Err(anyhow::Error::new(e).context("restoring the VM"))
         }
     }
+}
+
+/// The packed memory file inherited as `fd` and its map beside the
+/// snapshot in `dir`, checked against the snapshot's memory size.
+fn packed_memory(fd: i32, dir: &std::path::Path, state: &microvm::MicrovmState) -> anyhow::Result<microvm::PackedMemory> {
+    use std::os::fd::FromRawFd;
+    anyhow::ensure!(fd > 2, "--packed-memory-fd {fd} is not an inherited file");
+    // SAFETY: fcntl only asks whether `fd` is open.
+    anyhow::ensure!(unsafe { libc::fcntl(fd, libc::F_GETFD) } >= 0, "--packed-memory-fd {fd} is not open");
+    // SAFETY: the descriptor was passed to this process for it alone and
+    // nothing else here owns it.
+    let file = unsafe { std::fs::File::from_raw_fd(fd) };
+    anyhow::ensure!(file.metadata()?.is_file(), "--packed-memory-fd {fd} is not a regular file");
+    let map = dir.join(burrow_vmm_api::layout::MEMORY_MAP_FILE);
+    Ok(microvm::PackedMemory::open(file, &map, state.memory.total_bytes())?)
 }
 
 fn build(args: &RunArgs) -> anyhow::Result<(Vmm, Option<UnixListener>)> {

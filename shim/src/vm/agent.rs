@@ -286,20 +286,21 @@ impl Agent {
         machine_id: &str,
         generation: u64,
     ) -> Result<()> {
-        let req = pb::SetHostnameRequest {
+        let host = pb::SetHostnameRequest {
             hostname: hostname.to_string(),
             ..Default::default()
         };
-        self.call("SetHostname", self.client.set_hostname(Self::ctx(), &req))
-            .await?;
-        let req = pb::SetIdentityRequest {
+        let id = pb::SetIdentityRequest {
             machine_id: machine_id.to_string(),
             vm_generation: generation,
             ..Default::default()
         };
-        self.call("SetIdentity", self.client.set_identity(Self::ctx(), &req))
-            .await
-            .map(drop)
+        // Independent: both in flight on the one connection.
+        tokio::try_join!(
+            self.call("SetHostname", self.client.set_hostname(Self::ctx(), &host)),
+            self.call("SetIdentity", self.client.set_identity(Self::ctx(), &id)),
+        )
+        .map(drop)
     }
 
     pub async fn power_off(&self) -> Result<()> {

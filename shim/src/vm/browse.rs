@@ -22,12 +22,18 @@ use crate::spec;
 
 impl VmSandbox {
     /// The browser image to attach to this sandbox's VM, if its container
-    /// asks for one; an error if it asks and there is none.
-    pub(super) fn browser_image(&self, cfg: &Config) -> Result<Option<PathBuf>> {
-        let wants = self
-            .registry()
-            .values()
-            .any(|c| spec::wants_browser(&c.spec, cfg));
+    /// (`spec`, the one the VM starts for, or one registered already) asks
+    /// for one; an error if it asks and there is none.
+    pub(super) fn browser_image(
+        &self,
+        cfg: &Config,
+        spec: &serde_json::Value,
+    ) -> Result<Option<PathBuf>> {
+        let wants = spec::wants_browser(spec, cfg)
+            || self
+                .registry()
+                .values()
+                .any(|c| spec::wants_browser(&c.spec, cfg));
         if !wants {
             return Ok(None);
         }

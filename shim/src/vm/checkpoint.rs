@@ -24,6 +24,9 @@ pub struct Contents {
     pub spec: serde_json::Value,
 }
 
+/// A [`sparse`] packer: source, destination, bytes written.
+type PackJob = fn(&Path, &Path) -> std::io::Result<u64>;
+
 /// Run a [`sparse`] pack or unpack of `from` into `to` off the async threads.
 async fn sparse_job<T: Send + 'static>(
     what: &'static str,
@@ -78,18 +81,21 @@ pub async fn complete(
     let vm_dir = snapshot::vm_dir(dir);
     if packed {
         let memory = vm_dir.join(snapshot::MEMORY);
-        let jobs = [
+        // The memory page-aligned: a restore maps it where it lies.
+        let jobs: [(PathBuf, PathBuf, PackJob); 2] = [
             (
                 memory.clone(),
                 vm_dir.join(snapshot::packed(snapshot::MEMORY)),
+                sparse::pack_aligned,
             ),
             (
                 c.rootfs.disk.clone(),
                 dir.join(snapshot::packed(snapshot::ROOTFS)),
+                sparse::pack,
             ),
         ];
-        for (from, to) in jobs {
-            sparse_job("packing", from, to, sparse::pack).await?;
+        for (from, to, job) in jobs {
+            sparse_job("packing", from, to, job).await?;
         }
         std::fs::remove_file(&memory)
             .map_err(|e| SandboxError::Internal(format!("removing {}: {e}", memory.display())))?;
@@ -131,23 +137,46 @@ pub fn complete_hibernation(dir: &Path, c: &Contents, info: VmInfo, link: String
     snapshot::write_manifest(dir, &manifest(c, info, Some(link), false)).map(drop)
 }
 
+/// What a restore hands burrow-vmm: the VM snapshot directory, and for a
+/// page-aligned packed memory the open pack (`--packed-memory-fd`) whose
+/// extents the directory's `memory.map` places.
+#[derive(Debug)]
+pub struct PreparedRestore {
+    pub vm_dir: PathBuf,
+    pub packed_memory: Option<std::fs::File>,
+}
+
+/// Whether the checkpoint's memory (`files`) is packed page-aligned, so a
+/// restore maps it in place and unpacks nothing.
+pub fn maps_in_place(manifest: &snapshot::Manifest, files: &Intake) -> Result<bool> {
+    if !manifest.packed {
+        return Ok(false);
+    }
+    sparse::is_aligned(files.memory.file(), &files.memory.path())
+        .map_err(|e| SandboxError::InvalidArgument(format!("the checkpoint's memory: {e}")))
+}
+
 /// Give a restore of the checkpoint in `dir` (with `manifest`, its files
 /// checked and held open in `files`) its own disk `img` (the checkpoint
-/// stays usable for more restores) and return the VM snapshot directory to
-/// restore. A packed checkpoint is unpacked from the open files into
-/// `unpacked`, which the caller removes once the VM runs (the VMM maps the
-/// memory file privately).
+/// stays usable for more restores) and say what the VMM restores. A packed
+/// checkpoint's VM directory is made in `unpacked` (the caller removes it
+/// once the VM runs): its memory mapped in place from the open pack when
+/// `in_place` ([`maps_in_place`]), else unpacked there (the VMM maps the
+/// memory file privately either way).
 pub async fn prepare_restore(
     dir: &Path,
     manifest: &snapshot::Manifest,
-    files: &Intake,
+    (files, in_place): (&Intake, bool),
     state: &[u8],
     img: &Path,
     unpacked: &Path,
-) -> Result<PathBuf> {
+) -> Result<PreparedRestore> {
     if !manifest.packed {
         snapshot::copy_disk(&files.disk.path(), img).await?;
-        return Ok(snapshot::vm_dir(dir));
+        return Ok(PreparedRestore {
+            vm_dir: snapshot::vm_dir(dir),
+            packed_memory: None,
+        });
     }
     let _ = std::fs::remove_dir_all(unpacked);
     std::fs::create_dir_all(unpacked)
@@ -163,14 +192,47 @@ pub async fn prepare_restore(
     // Exactly the manifest's memory (which the intake checked against the
     // config): the memory pack is not signed.
     let bytes = manifest.memory_mib << 20;
-    let (from, to) = (files.memory.path(), memory.clone());
+    let packed_memory = if in_place {
+        Some(map_in_place(files, unpacked, &memory, bytes)?)
+    } else {
+        unpack_memory(files, &memory, bytes).await?;
+        None
+    };
+    sparse_job("unpacking", files.disk.path(), img.to_path_buf(), sparse::unpack).await?;
+    Ok(PreparedRestore {
+        vm_dir: unpacked.to_path_buf(),
+        packed_memory,
+    })
+}
+
+/// The VM directory's side of a memory mapped in place: its map, and a
+/// memory file of `bytes` that is all holes (beneath the mapped extents);
+/// returns the pack to pass the VMM.
+fn map_in_place(
+    files: &Intake,
+    unpacked: &Path,
+    memory: &Path,
+    bytes: u64,
+) -> Result<std::fs::File> {
+    let pack = files.memory.file();
+    let layout = sparse::aligned_layout(pack, &files.memory.path(), bytes)
+        .map_err(|e| SandboxError::InvalidArgument(format!("the checkpoint's memory: {e}")))?;
+    let map = unpacked.join(burrow_vmm_api::layout::MEMORY_MAP_FILE);
+    std::fs::write(&map, burrow_vmm_api::memory_map::encode(&layout))
+        .and_then(|()| std::fs::File::create(memory)?.set_len(bytes))
+        .and_then(|()| pack.try_clone())
+        .map_err(|e| {
+            SandboxError::Internal(format!("preparing {}: {e}", unpacked.display()))
+        })
+}
+
+async fn unpack_memory(files: &Intake, memory: &Path, bytes: u64) -> Result<()> {
+    let (from, to) = (files.memory.path(), memory.to_path_buf());
     tokio::task::spawn_blocking(move || sparse::unpack_within(&from, &to, bytes))
         .await
         .map_err(|e| SandboxError::Internal(format!("unpacking the memory: {e}")))?
         .map_err(|e| {
-            let _ = std::fs::remove_file(&memory);
+            let _ = std::fs::remove_file(memory);
             SandboxError::InvalidArgument(format!("unpacking the memory: {e}"))
-        })?;
-    sparse_job("unpacking", files.disk.path(), img.to_path_buf(), sparse::unpack).await?;
-    Ok(unpacked.to_path_buf())
+        })
 }

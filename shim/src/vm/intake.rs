@@ -45,6 +45,12 @@ impl Member {
         self.len
     }
 
+    /// The open file itself (read with positioned reads only: clones share
+    /// its offset).
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
     pub fn into_file(self) -> File {
         self.file
     }

@@ -352,6 +352,11 @@ impl Lifecycle {
             base,
         });
         slot.vm = Some(vm);
+        // Kept for a wake, which restores its own snapshot: not a
+        // descriptor that was this launch's alone (a restore's packed
+        // memory, closed once the VM runs; its number may be reused).
+        let mut args = args;
+        args.args.packed_memory_fd = None;
         slot.args = Some(args);
         self.phase.send_replace(Phase::Running(handle.clone()));
         self.watch_exit(&handle);

@@ -68,8 +68,17 @@ use self::vmm::{DiskArg, VmmArgs, VmmLaunch};
 
 /// The guest device the first disk appears as.
 pub const GUEST_ROOT_DEVICE: &str = "/dev/vda";
-/// The browser image is the second disk; the agent mounts it from there.
-const BROWSER_CMDLINE: &str = " burrow.browser=/dev/vdb";
+/// The kernel command line's pointer to the browser image, the guest's
+/// disk number `index` (disks come first, then block slots): the second
+/// disk after a cold boot's rootfs, the first in a template (whose rootfs
+/// goes into a slot).
+fn browser_cmdline(index: usize) -> String {
+    let letter = u8::try_from(index)
+        .ok()
+        .filter(|i| *i < 26)
+        .map_or('b', |i| char::from(b'a' + i));
+    format!(" burrow.browser=/dev/vd{letter}")
+}
 
 /// A VM-backed sandbox.
 pub struct VmSandbox {
@@ -355,12 +364,12 @@ impl VmSandbox {
             .into_iter()
             .collect();
         let mut start = start;
-        if let Some(image) = self.browser_image(cfg)? {
+        if let Some(image) = self.browser_image(cfg, spec)? {
+            start.cmdline.push_str(&browser_cmdline(disks.len()));
             disks.push(DiskArg {
                 path: image,
                 read_only: true,
             });
-            start.cmdline.push_str(BROWSER_CMDLINE);
         }
         Ok(VmmLaunch {
             binary: cfg.vmm_binary(),
@@ -551,8 +560,9 @@ impl VmSandbox {
             files.disk.size()
         };
         // A packed checkpoint's memory is unpacked beside the images until
-        // the VM runs.
-        let unpacking = if manifest.packed {
+        // the VM runs, unless it is mapped in place (page-aligned).
+        let in_place = checkpoint::maps_in_place(&manifest, &files)?;
+        let unpacking = if manifest.packed && !in_place {
             manifest.memory_mib << 20
         } else {
             0
@@ -582,8 +592,8 @@ impl VmSandbox {
         // long as the VMM maps it (unlinked, privately), beside the VM's
         // own copy of every page the guest writes.
         let unpacked = self.images.join("restore-vm");
-        let vm_dir =
-            match checkpoint::prepare_restore(dir, &manifest, &files, &state, &img, &unpacked)
+        let prepared =
+            match checkpoint::prepare_restore(dir, &manifest, (&files, in_place), &state, &img, &unpacked)
                 .await
             {
                 Ok(d) => d,
@@ -593,13 +603,19 @@ impl VmSandbox {
                 }
             };
         let disk_ms = started.elapsed().as_millis();
-        let args = self.vmm_args(
+        let mut args = self.vmm_args(
             cfg,
             Some((img, manifest.rootfs_read_only)),
             (manifest.vcpus, manifest.memory_mib),
-            Some(vm_dir),
+            Some(prepared.vm_dir),
             &c.spec,
         )?;
+        // Held open here until the VM runs; the VMM inherits its own copy.
+        let packed_memory = prepared.packed_memory;
+        args.args.packed_memory_fd = packed_memory
+            .as_ref()
+            .map(std::os::fd::AsRawFd::as_raw_fd);
+        let args_mapped = args.args.packed_memory_fd.is_some();
         let mut args = self.with_network(&c.spec, args, false).await?;
         // The VMM checks the state file itself before it opens anything the
         // state names: no base snapshot, slot file or tap by name, and the
@@ -634,6 +650,7 @@ impl VmSandbox {
                     })
             })
             .await;
+        drop(packed_memory);
         if manifest.packed {
             let _ = std::fs::remove_dir_all(&unpacked);
         }
@@ -641,8 +658,9 @@ impl VmSandbox {
             self.record_phases(
                 &c.id,
                 &format!(
-                    "restored from a checkpoint in {} ms: disk and memory files {disk_ms} ms, VM to agent ready and identity {} ms",
+                    "restored from a checkpoint in {} ms: disk and memory files {disk_ms} ms{}, VM to agent ready and identity {} ms",
                     started.elapsed().as_millis(),
+                    if args_mapped { " (memory mapped in place)" } else { "" },
                     started.elapsed().as_millis().saturating_sub(disk_ms)
                 ),
             );
@@ -925,5 +943,14 @@ impl Sandbox for VmSandbox {
         cleanup_state(&self.dir);
         disk_budget::remove_sandbox_images(&self.images);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod browser_disk_tests {
+    #[test]
+    fn the_browser_image_is_named_by_the_disks_before_it() {
+        assert_eq!(super::browser_cmdline(0), " burrow.browser=/dev/vda");
+        assert_eq!(super::browser_cmdline(1), " burrow.browser=/dev/vdb");
     }
 }

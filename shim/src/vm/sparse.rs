@@ -14,6 +14,14 @@
 //!
 //! Unpacking checks every bound before it writes: a damaged or hostile
 //! file is refused with an error that names it.
+//!
+//! A checkpoint's memory is packed page-aligned instead (magic
+//! `BRWSPRS\x02`, the same header, then zeros up to the next page, then
+//! each extent's bytes, each extent whole pages): a restore never unpacks
+//! it, burrow-vmm maps its extents in place ([`aligned_layout`],
+//! `burrow_vmm_api::memory_map`), so a restore reads no memory up front.
+//! It has at most `memory_map::MAX_EXTENTS` extents (the closest ones are
+//! merged, the hole between them packed as zeros).
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
@@ -21,6 +29,8 @@ use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
 const MAGIC: &[u8; 8] = b"BRWSPRS\x01";
+const MAGIC_ALIGNED: &[u8; 8] = b"BRWSPRS\x02";
+const PAGE: u64 = burrow_vmm_api::memory_map::PAGE;
 /// Largest file unpacked (apparent size).
 pub const MAX_SIZE: u64 = 1 << 40;
 /// Most extents in one file.
@@ -75,18 +85,35 @@ pub fn pack(src: &Path, dst: &Path) -> std::io::Result<u64> {
     let mut f = File::open(src)?;
     let size = f.seek(SeekFrom::End(0))?;
     let ext = extents(&f, size)?;
+    write_pack(&mut f, src, dst, (MAGIC, size), &ext, 1)
+}
+
+/// Write the pack of `f` (`src`, `size` bytes) with `magic` and extents
+/// `ext` into `dst`: the header, zeros up to a multiple of `align`, then
+/// each extent's bytes. Returns the bytes written.
+fn write_pack(
+    f: &mut File,
+    src: &Path,
+    dst: &Path,
+    (magic, size): (&[u8; 8], u64),
+    ext: &[Extent],
+    align: u64,
+) -> std::io::Result<u64> {
     let mut out = BufWriter::new(File::create(dst)?);
-    out.write_all(MAGIC)?;
+    out.write_all(magic)?;
     out.write_all(&size.to_le_bytes())?;
     out.write_all(&(ext.len() as u64).to_le_bytes())?;
-    for (off, len) in &ext {
+    for (off, len) in ext {
         out.write_all(&off.to_le_bytes())?;
         out.write_all(&len.to_le_bytes())?;
     }
+    let header = 24 + 16 * ext.len() as u64;
+    let pad = header.div_ceil(align) * align - header;
+    std::io::copy(&mut std::io::repeat(0).take(pad), &mut out)?;
     let mut out = out.into_inner().map_err(|e| e.into_error())?;
-    for (off, len) in &ext {
+    for (off, len) in ext {
         f.seek(SeekFrom::Start(*off))?;
-        let n = std::io::copy(&mut (&mut f).take(*len), &mut out)?;
+        let n = std::io::copy(&mut f.take(*len), &mut out)?;
         if n != *len {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::UnexpectedEof,
@@ -96,6 +123,115 @@ pub fn pack(src: &Path, dst: &Path) -> std::io::Result<u64> {
     }
     out.sync_all()?;
     out.stream_position()
+}
+
+/// `ext` (sorted, from [`extents`]) widened to whole pages of a file of
+/// `size` bytes, touching ones joined, then the closest merged until at
+/// most `max` are left.
+fn page_extents(ext: &[Extent], size: u64, max: usize) -> Vec<Extent> {
+    let mut out: Vec<Extent> = Vec::new();
+    for &(off, len) in ext {
+        let start = off - off % PAGE;
+        let end = off.saturating_add(len).div_ceil(PAGE).saturating_mul(PAGE).min(size);
+        match out.last_mut() {
+            Some((s, l)) if *s + *l >= start => *l = end.max(*s + *l) - *s,
+            _ => out.push((start, end - start)),
+        }
+    }
+    // Merge across the smallest holes first: the fewest zeros packed.
+    let mut gap = PAGE;
+    while out.len() > max.max(1) {
+        let mut merged: Vec<Extent> = Vec::with_capacity(out.len());
+        for (off, len) in out {
+            match merged.last_mut() {
+                Some((s, l)) if off - (*s + *l) <= gap => *l = off + len - *s,
+                _ => merged.push((off, len)),
+            }
+        }
+        out = merged;
+        gap = gap.saturating_mul(2);
+    }
+    out
+}
+
+/// Pack `src` (a sparse file of whole pages: guest memory) page-aligned
+/// into `dst`; returns the bytes written.
+pub fn pack_aligned(src: &Path, dst: &Path) -> std::io::Result<u64> {
+    pack_aligned_at_most(src, dst, burrow_vmm_api::memory_map::MAX_EXTENTS)
+}
+
+fn pack_aligned_at_most(src: &Path, dst: &Path, max: usize) -> std::io::Result<u64> {
+    let mut f = File::open(src)?;
+    let size = f.seek(SeekFrom::End(0))?;
+    if size % PAGE != 0 {
+        return Err(bad(src, format!("{size} bytes is not whole pages")));
+    }
+    let ext = page_extents(&extents(&f, size)?, size, max);
+    write_pack(&mut f, src, dst, (MAGIC_ALIGNED, size), &ext, PAGE)
+}
+
+/// Whether `f` (named `path` in errors) is a page-aligned pack; an error
+/// for a file that is no pack at all.
+pub fn is_aligned(f: &File, path: &Path) -> std::io::Result<bool> {
+    use std::os::unix::fs::FileExt;
+    let mut magic = [0u8; 8];
+    f.read_exact_at(&mut magic, 0)
+        .map_err(|_| bad(path, "truncated header"))?;
+    match &magic {
+        m if m == MAGIC_ALIGNED => Ok(true),
+        m if m == MAGIC => Ok(false),
+        _ => Err(bad(path, "wrong magic")),
+    }
+}
+
+/// The layout of page-aligned pack `f` (named `path` in errors) holding a
+/// file of exactly `want` bytes: where each extent's bytes lie in `f`, for
+/// burrow-vmm to map in place. Every bound is checked, as by [`unpack`].
+pub fn aligned_layout(
+    f: &File,
+    path: &Path,
+    want: u64,
+) -> std::io::Result<Vec<burrow_vmm_api::memory_map::Extent>> {
+    use burrow_vmm_api::memory_map::{self, Extent as MapExtent};
+    use std::os::unix::fs::FileExt;
+    let total = f.metadata()?.len();
+    let at = |off: u64| -> std::io::Result<u64> {
+        let mut b = [0u8; 8];
+        f.read_exact_at(&mut b, off)
+            .map_err(|_| bad(path, "truncated header"))?;
+        Ok(u64::from_le_bytes(b))
+    };
+    if !is_aligned(f, path)? {
+        return Err(bad(path, "not page-aligned"));
+    }
+    let size = at(8)?;
+    if size != want {
+        return Err(bad(path, format!("holds {size} bytes, the checkpoint says {want}")));
+    }
+    let count = at(16)?;
+    let count = usize::try_from(count)
+        .ok()
+        .filter(|c| *c <= memory_map::MAX_EXTENTS)
+        .ok_or_else(|| bad(path, format!("{count} extents is over {}", memory_map::MAX_EXTENTS)))?;
+    let header = 24 + 16 * count as u64;
+    let mut file_off = header.div_ceil(PAGE) * PAGE;
+    let mut out = Vec::with_capacity(count);
+    for i in 0..count as u64 {
+        let (off, len) = (at(24 + 16 * i)?, at(32 + 16 * i)?);
+        out.push(MapExtent {
+            guest: off,
+            file: file_off,
+            len,
+        });
+        file_off = file_off
+            .checked_add(len)
+            .ok_or_else(|| bad(path, format!("extent {off}+{len} is out of order or beyond {size}")))?;
+    }
+    if file_off != total {
+        return Err(bad(path, format!("{total} bytes, the header promises {file_off}")));
+    }
+    memory_map::check(&out, size, total).map_err(|why| bad(path, why))?;
+    Ok(out)
 }
 
 fn u64_at(r: &mut impl Read) -> std::io::Result<u64> {
@@ -218,6 +354,70 @@ mod tests {
             std::fs::metadata(&back).unwrap().blocks() * 512 < 4 << 20,
             "unpacked file is not sparse"
         );
+    }
+
+    #[test]
+    fn an_aligned_pack_places_every_page_where_the_vmm_maps_it() {
+        use std::os::unix::fs::FileExt;
+        let d = tempfile::tempdir().unwrap();
+        let (src, packed) = (d.path().join("m"), d.path().join("p"));
+        let want = sparse_file(&src);
+        let n = pack_aligned(&src, &packed).unwrap();
+        assert!(n < 1 << 20, "packed {n} bytes");
+        let f = File::open(&packed).unwrap();
+        assert!(is_aligned(&f, &packed).unwrap());
+        let layout = aligned_layout(&f, &packed, 64 << 20).unwrap();
+        // Rebuild the file as the VMM's mappings show it: zeros, and each
+        // extent's bytes from its place in the pack.
+        let mut got = vec![0u8; 64 << 20];
+        for e in &layout {
+            assert_eq!((e.guest % PAGE, e.file % PAGE, e.len % PAGE), (0, 0, 0));
+            let (g, l) = (e.guest as usize, e.len as usize);
+            f.read_exact_at(&mut got[g..g + l], e.file).unwrap();
+        }
+        assert!(got == want, "the mapped pages differ from the file");
+        // Another size than the checkpoint says, a damaged count or length.
+        let e = aligned_layout(&f, &packed, 32 << 20).unwrap_err().to_string();
+        assert!(e.contains("the checkpoint says") && e.contains("/p:"), "{e}");
+        let good = std::fs::read(&packed).unwrap();
+        for (at, v, why) in [
+            (16, 1u64 << 40, "extents is over"),
+            (32, 4096 * 3, "the header promises"),
+            (24, 4096 * 16383 + 1, "page-aligned"),
+        ] {
+            let mut b = good.clone();
+            b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+            std::fs::write(&packed, &b).unwrap();
+            let f = File::open(&packed).unwrap();
+            let e = aligned_layout(&f, &packed, 64 << 20).unwrap_err().to_string();
+            assert!(e.contains(why), "{why}: {e}");
+        }
+        // A v1 pack is no aligned one (a restore unpacks it as before).
+        pack(&src, &packed).unwrap();
+        assert!(!is_aligned(&File::open(&packed).unwrap(), &packed).unwrap());
+    }
+
+    #[test]
+    fn too_many_extents_are_merged_across_the_smallest_holes() {
+        let d = tempfile::tempdir().unwrap();
+        let (src, packed) = (d.path().join("m"), d.path().join("p"));
+        let f = File::create(&src).unwrap();
+        f.set_len(1 << 20).unwrap();
+        // 64 one-page extents, every other page.
+        for i in 0..64u64 {
+            f.write_all_at(&[i as u8 + 1; 4096], i * 2 * PAGE).unwrap();
+        }
+        let want = std::fs::read(&src).unwrap();
+        pack_aligned_at_most(&src, &packed, 5).unwrap();
+        let pf = File::open(&packed).unwrap();
+        let layout = aligned_layout(&pf, &packed, 1 << 20).unwrap();
+        assert!(layout.len() <= 5, "{} extents", layout.len());
+        let mut got = vec![0u8; 1 << 20];
+        for e in &layout {
+            let (g, l) = (e.guest as usize, e.len as usize);
+            pf.read_exact_at(&mut got[g..g + l], e.file).unwrap();
+        }
+        assert!(got == want);
     }
 
     #[test]

@@ -24,8 +24,10 @@
 //! A spec asking for a new network namespace (`ctr run`) gets the shim's
 //! namespace, tap and holder as on a cold boot, and a template with a NIC
 //! that is down (one MAC for all copies until `ctr run --cni` gives it
-//! CNI's at Start). Off for a container in a named network namespace (a
-//! CRI pod: its NIC is eth0's from boot) or with the browser image, with
+//! CNI's at Start). A container with the browser image
+//! (`io.burrow.browser=true`) has its own shape: the template boots with
+//! the image as its first disk (the rootfs goes into a slot), and the
+//! image file is one of the template's inputs. Off with
 //! `io.burrow.template=off`, or unless `templates = true` in the config
 //! (`io.burrow.template=on` asks for it per container).
 
@@ -57,13 +59,26 @@ pub fn wanted(cfg: &Config, c: &ContainerConfig) -> bool {
         Some("off" | "false") => false,
         _ => cfg.templates,
     };
-    asked && !spec::wants_browser(&c.spec, cfg)
+    asked
 }
 
 /// Whether container `c`'s VM has a NIC: in a namespace the shim makes
 /// (`ctr run`) or a named one (CNI's, a CRI pod's, `--with-ns`).
 pub fn has_nic(spec: &serde_json::Value) -> bool {
     netns::wants_fresh(spec) || net::netns_path(spec).is_some()
+}
+
+/// The shape a container of `spec` starts from, with `pod_slots` further
+/// slots for a pod's members.
+pub fn shape_of(cfg: &Config, spec: &serde_json::Value, pod_slots: u32) -> Shape {
+    let size = spec::vm_size(spec, cfg);
+    Shape {
+        vcpus: size.vcpus,
+        memory_mib: size.memory_mib,
+        slots: pod_slots.saturating_add(1),
+        nic: has_nic(spec),
+        browser: spec::wants_browser(spec, cfg),
+    }
 }
 
 /// What a template is a snapshot of.
@@ -79,6 +94,8 @@ pub struct Shape {
     /// one (CNI's, a CRI pod's) the agent configures it, the CNI
     /// interface's MAC included, before the container is created.
     pub nic: bool,
+    /// The browser image as the first disk (`burrow.browser=/dev/vda`).
+    pub browser: bool,
 }
 
 /// A file input's identity: path, device, inode, size, mtime (ns).
@@ -116,12 +133,15 @@ fn hex(bytes: &[u8], n: usize) -> String {
 /// inputs written beside it.
 pub fn key(cfg: &Config, shape: Shape) -> Result<(String, serde_json::Value)> {
     let shape_text = format!(
-        "format={TEMPLATE_FORMAT} vcpus={} memory_mib={} slots={} nic={} cmdline={}",
-        shape.vcpus, shape.memory_mib, shape.slots, shape.nic, cfg.kernel_cmdline
+        "format={TEMPLATE_FORMAT} vcpus={} memory_mib={} slots={} nic={} browser={} cmdline={}",
+        shape.vcpus, shape.memory_mib, shape.slots, shape.nic, shape.browser, cfg.kernel_cmdline
     );
     let mut files = vec![file_id(&cfg.kernel)?, file_id(&resolve(&cfg.vmm_binary()))?];
     if let Some(initrd) = &cfg.initrd {
         files.push(file_id(initrd)?);
+    }
+    if shape.browser {
+        files.push(file_id(&cfg.browser_image)?);
     }
     let shape_hash = Sha256::digest(shape_text.as_bytes());
     let inputs_hash = Sha256::digest(files.join("\n").as_bytes());
@@ -193,12 +213,16 @@ pub fn hostname(id: &str) -> String {
 
 /// Make the guest its own before anything runs in it: clock, entropy (the
 /// agent reseeds the kernel's CRNG), hostname, machine id, generation.
+/// The calls are independent and share one connection, so they go out
+/// together: one round trip to the guest instead of four in a row.
 pub async fn identity(agent: &Agent, hostname: &str, generation: u64) -> Result<()> {
-    agent.set_time_now().await?;
-    agent.add_entropy().await?;
-    agent
-        .set_identity(hostname, &random_hex()?, generation)
-        .await
+    let machine_id = random_hex()?;
+    tokio::try_join!(
+        agent.set_time_now(),
+        agent.add_entropy(),
+        agent.set_identity(hostname, &machine_id, generation),
+    )
+    .map(drop)
 }
 
 impl VmSandbox {
@@ -221,13 +245,7 @@ impl VmSandbox {
         self.prepare_state_dir(cfg)?;
         let (guest_spec, spec_json) = self.guest_spec(c)?;
         let started = Instant::now();
-        let size = spec::vm_size(&c.spec, cfg);
-        let shape = Shape {
-            vcpus: size.vcpus,
-            memory_mib: size.memory_mib,
-            slots: pod_slots.saturating_add(1),
-            nic: has_nic(&c.spec),
-        };
+        let shape = shape_of(cfg, &c.spec, pod_slots);
         let (key, info) = key(cfg, shape)?;
         let dir = cfg.template_dir.join(&key);
         let restored = published(&dir);
@@ -263,14 +281,21 @@ impl VmSandbox {
         };
         let fill = |agent: Agent| async move {
             let t = Instant::now();
-            identity(&agent, &host, self.vm_generation()).await?;
-            self.configure_restored_network(&agent).await?;
-            let wait = Instant::now();
-            let rootfs = rootfs.await.map_err(|_| {
-                SandboxError::Internal(format!("no root filesystem for container {}", c.id))
-            })?;
-            let waited = wait.elapsed().as_millis();
-            self.attach_rootfs(slot, &rootfs).await?;
+            // The guest's identity and network, and the root filesystem's
+            // slot (the VMM's API), are independent: all at once.
+            let guest_side = async {
+                identity(&agent, &host, self.vm_generation()).await?;
+                self.configure_restored_network(&agent).await
+            };
+            let disk_side = async {
+                let rootfs = rootfs.await.map_err(|_| {
+                    SandboxError::Internal(format!("no root filesystem for container {}", c.id))
+                })?;
+                let waited = t.elapsed().as_millis();
+                self.attach_rootfs(slot, &rootfs).await?;
+                Ok::<_, SandboxError>((rootfs, waited))
+            };
+            let ((), (rootfs, waited)) = tokio::try_join!(guest_side, disk_side)?;
             let guest = guest_rootfs(c, &rootfs, pod::guest_source(slot));
             let pid = agent
                 .create_container(&c.id, &spec_json, guest, c.stdin)
@@ -305,7 +330,7 @@ impl VmSandbox {
         self.record_phases(
             &c.id,
             &format!(
-                "created from a template ({from}) in {} ms: root filesystem {} ms (beside the VM's start), VM to agent ready {} ms, identity, slot and container in the guest {} ms (of it {} ms waiting for the root filesystem)",
+                "created from a template ({from}) in {} ms: root filesystem {} ms (beside the VM's start), VM to agent ready {} ms, identity, slot and container in the guest {} ms (the root filesystem ready {} ms into it)",
                 started.elapsed().as_millis(),
                 rootfs_ms,
                 booting.elapsed().as_millis().saturating_sub(guest_ms),
@@ -397,6 +422,7 @@ mod tests {
         memory_mib: 256,
         slots: 1,
         nic: false,
+        browser: false,
     };
 
     #[test]
@@ -420,6 +446,29 @@ mod tests {
         assert_ne!(k2.split('-').next(), k3.split('-').next());
         std::fs::remove_file(d.path().join("vmlinux")).unwrap();
         assert!(key(&c, SHAPE).is_err(), "a missing kernel is an error");
+    }
+
+    #[test]
+    fn a_browser_template_is_its_own_shape_and_keyed_by_the_image() {
+        let d = tempfile::tempdir().unwrap();
+        let mut c = cfg(d.path());
+        c.browser_image = d.path().join("browser.img");
+        let browser = Shape {
+            browser: true,
+            ..SHAPE
+        };
+        assert!(key(&c, browser).is_err(), "a missing image is an error");
+        std::fs::write(&c.browser_image, "erofs").unwrap();
+        let (plain, _) = key(&c, SHAPE).unwrap();
+        let (k1, info) = key(&c, browser).unwrap();
+        assert_ne!(plain.split('-').next(), k1.split('-').next());
+        assert!(info["inputs"].to_string().contains("browser.img"), "{info}");
+        // A rebuilt image: a new key of the same shape (the old is stale).
+        std::fs::remove_file(&c.browser_image).unwrap();
+        std::fs::write(&c.browser_image, "a newer erofs").unwrap();
+        let (k2, _) = key(&c, browser).unwrap();
+        assert_ne!(k1, k2);
+        assert_eq!(k1.split('-').next(), k2.split('-').next());
     }
 
     #[test]

@@ -33,7 +33,21 @@ pub fn default_shape(cfg: &Config, nic: bool) -> Shape {
         memory_mib: size.memory_mib,
         slots: 1,
         nic,
+        browser: false,
     }
+}
+
+/// The spec a build boots its VM for: what makes a container of `shape`
+/// get the same VM (a namespace for the NIC, the browser's annotation).
+fn build_spec(shape: Shape) -> Value {
+    let mut spec = json!({});
+    if shape.nic {
+        spec["linux"] = json!({"namespaces": [{"type": "network"}]});
+    }
+    if shape.browser {
+        spec["annotations"] = json!({ spec::ANNOTATION_BROWSER: "true" });
+    }
+    spec
 }
 
 /// What a build did.
@@ -117,11 +131,7 @@ impl VmSandbox {
         info: &Value,
     ) -> Result<()> {
         self.prepare_state_dir(cfg)?;
-        let spec = if shape.nic {
-            json!({"linux": {"namespaces": [{"type": "network"}]}})
-        } else {
-            json!({})
-        };
+        let spec = build_spec(shape);
         let args = self.vmm_args(cfg, None, (shape.vcpus, shape.memory_mib), None, &spec)?;
         let mut args = self.with_network(&spec, args, false).await?;
         args.args.disk_slots = shape.slots;
@@ -146,6 +156,32 @@ mod tests {
         assert_eq!(s.vcpus, cfg.vcpus.default);
         assert_eq!(s.memory_mib, cfg.memory_mib.default);
         assert!(!default_shape(&cfg, false).nic);
+    }
+
+    #[test]
+    fn a_built_shape_is_the_one_its_containers_start_from() {
+        let cfg = Config::default();
+        for nic in [true, false] {
+            for browser in [true, false] {
+                let shape = Shape {
+                    browser,
+                    ..default_shape(&cfg, nic)
+                };
+                let spec = build_spec(shape);
+                assert_eq!(template::shape_of(&cfg, &spec, 0), shape, "{spec}");
+            }
+        }
+        // `ctr run` with the browser's annotation: the shape built with
+        // --browser (a NIC, one slot, the default size).
+        let run = json!({
+            "linux": {"namespaces": [{"type": "network"}]},
+            "annotations": {"io.burrow.browser": "true"}
+        });
+        let built = Shape {
+            browser: true,
+            ..default_shape(&cfg, true)
+        };
+        assert_eq!(template::shape_of(&cfg, &run, 0), built);
     }
 
     #[test]

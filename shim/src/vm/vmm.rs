@@ -101,14 +101,24 @@ impl Vmm {
             .stdout(Stdio::null())
             .stderr(Stdio::from(log_file))
             .kill_on_drop(true);
-        if let Some(burrow_vmm_api::TapSource::Fd(fd)) = launch.args.net.as_ref().map(|n| n.tap.clone()) {
+        // Descriptors burrow-vmm inherits: the tap, a restore's packed
+        // memory. Both are close-on-exec in the shim.
+        let tap = match launch.args.net.as_ref().map(|n| n.tap.clone()) {
+            Some(burrow_vmm_api::TapSource::Fd(fd)) => Some(fd),
+            _ => None,
+        };
+        let inherit: Vec<i32> = tap.into_iter().chain(launch.args.packed_memory_fd).collect();
+        if !inherit.is_empty() {
             // SAFETY: between fork and exec the closure only calls
-            // fcntl(2), which is async-signal-safe: the tap (opened
-            // close-on-exec in the shim) stays open in burrow-vmm alone.
+            // fcntl(2), which is async-signal-safe, on descriptors it was
+            // given (no allocation: the list was made before the fork);
+            // they stay open in burrow-vmm alone.
             unsafe {
                 cmd.pre_exec(move || {
-                    if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
-                        return Err(std::io::Error::last_os_error());
+                    for &fd in &inherit {
+                        if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
+                            return Err(std::io::Error::last_os_error());
+                        }
                     }
                     Ok(())
                 });

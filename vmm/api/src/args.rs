@@ -91,6 +91,12 @@ pub struct VmmArgs {
     /// (MiB), the size the caller checked against its limits.
     #[arg(long = "expect-mem", requires = "restore")]
     pub expect_mem_mib: Option<u64>,
+    /// With `--restore`: an inherited descriptor of a packed memory file
+    /// whose data `DIR/memory.map` places (`burrow_vmm_api::memory_map`),
+    /// mapped privately over `DIR/memory` (then all holes) instead of
+    /// being unpacked first: a restore reads no memory up front.
+    #[arg(long, requires = "restore")]
+    pub packed_memory_fd: Option<i32>,
     /// initramfs (newc cpio, optionally compressed as the kernel supports).
     #[arg(long)]
     pub initrd: Option<PathBuf>,
@@ -164,6 +170,7 @@ impl VmmArgs {
             self_contained: false,
             expect_vcpus: None,
             expect_mem_mib: None,
+            packed_memory_fd: None,
             initrd: None,
             cmdline: BASE_CMDLINE.into(),
             append: Vec::new(),
@@ -212,6 +219,9 @@ impl VmmArgs {
                 }
                 if let Some(m) = self.expect_mem_mib {
                     flag("expect-mem", m.to_string().into());
+                }
+                if let Some(fd) = self.packed_memory_fd {
+                    flag("packed-memory-fd", fd.to_string().into());
                 }
             }
             None => {
@@ -404,6 +414,7 @@ mod tests {
             self_contained: true,
             expect_vcpus: Some(2),
             expect_mem_mib: Some(512),
+            packed_memory_fd: Some(7),
             ..VmmArgs::restore("/snap/vm-3".into())
         };
         round_trip(&a);

@@ -18,6 +18,9 @@
 pub const STATE_FILE: &str = "state";
 /// The VMM's memory file in a snapshot directory.
 pub const MEMORY_FILE: &str = "memory";
+/// Beside it in a restore's directory: where the memory's data lies in
+/// the packed file passed with `--packed-memory-fd` ([`crate::memory_map`]).
+pub const MEMORY_MAP_FILE: &str = "memory.map";
 /// Most snapshots (a full one and incremental ones on it) the VMM follows
 /// to restore one.
 pub const MAX_VMM_CHAIN: usize = 64;

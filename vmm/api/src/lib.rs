@@ -11,6 +11,7 @@
 //! | [`error`] | [`ApiError`]: an [`ErrorKind`] and a message, as carried over the wire |
 //! | [`net`] | `--net`: the guest NIC's tap and MAC |
 //! | [`layout`] | file names and limits of snapshot and checkpoint directories |
+//! | [`memory_map`] | where a restore's memory lies in a packed file (mapped in place) |
 //! | [`sandbox_control`] | the shim's control socket that `burrow sandbox` talks to |
 //! | [`sockpath`] | unix socket paths longer than `sun_path` (CRI's ids) |
 
@@ -18,6 +19,7 @@ pub mod args;
 pub mod error;
 pub mod jail;
 pub mod layout;
+pub mod memory_map;
 pub mod messages;
 pub mod net;
 pub mod sandbox_control;

@@ -19,6 +19,8 @@ use vm_memory::bitmap::AtomicBitmap;
 use vm_memory::mmap::MmapRegionBuilder;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryRegion, GuestRegionMmap};
 
+use burrow_vmm_api::memory_map;
+
 use super::format::{read_state_file, SnapshotError};
 use super::memory::PAGE_SIZE;
 use super::vcpu::VcpuState;
@@ -337,6 +339,86 @@ pub fn map_memory(chain: &[(PathBuf, MemoryState)]) -> Result<GuestMemoryMmap, R
     Ok(mem)
 }
 
+/// A packed memory file whose data a map places (`--packed-memory-fd`,
+/// [`burrow_vmm_api::memory_map`]), checked against the memory's size.
+#[derive(Debug)]
+pub struct PackedMemory {
+    pub file: File,
+    pub extents: Vec<memory_map::Extent>,
+}
+
+impl PackedMemory {
+    /// Read the map at `map` (bounded) for `file` and check it against a
+    /// memory of `memory_bytes`.
+    pub fn open(file: File, map: &Path, memory_bytes: u64) -> Result<Self, RestoreError> {
+        use std::io::Read;
+        let mut bytes = Vec::new();
+        File::open(map)
+            .map_err(io(map))?
+            .take(memory_map::MAX_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(io(map))?;
+        let file_len = file.metadata().map_err(io(map))?.len();
+        let extents = memory_map::decode(&bytes, memory_bytes, file_len)
+            .map_err(|why| invalid(format!("{}: {why}", map.display())))?;
+        Ok(Self { file, extents })
+    }
+}
+
+/// Map `packed`'s ranges privately over `mem` (whose pages beneath them
+/// are zero: a full snapshot's file of holes), each at its place in the
+/// regions laid back to back. Nothing is read: the guest's first touch of
+/// a page faults it in from the packed file.
+pub fn map_packed(mem: &GuestMemoryMmap, packed: &PackedMemory) -> Result<(), RestoreError> {
+    use std::os::fd::AsRawFd;
+    let mut base = 0u64;
+    let regions: Vec<(u64, u64, *mut u8)> = mem
+        .iter()
+        .map(|r| {
+            let at = (base, r.len(), r.as_ptr());
+            base += r.len();
+            at
+        })
+        .collect();
+    for e in &packed.extents {
+        for &(start, len, ptr) in &regions {
+            let from = e.guest.max(start);
+            let to = e.guest.saturating_add(e.len).min(start + len);
+            if from >= to {
+                continue;
+            }
+            let (Ok(off), Ok(n), Ok(file_off)) = (
+                usize::try_from(from - start),
+                usize::try_from(to - from),
+                libc::off_t::try_from(e.file + (from - e.guest)),
+            ) else {
+                return Err(invalid(format!("memory range {e:?} does not fit this host")));
+            };
+            // SAFETY: [ptr+off, ptr+off+n) lies inside this region's own
+            // mapping (from/to are clamped to it), which MAP_FIXED replaces
+            // with a private mapping of the same size and protection; the
+            // region keeps owning (and later unmaps) the whole range.
+            let got = unsafe {
+                libc::mmap(
+                    ptr.add(off).cast(),
+                    n,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_FIXED | libc::MAP_NORESERVE,
+                    packed.file.as_raw_fd(),
+                    file_off,
+                )
+            };
+            if got == libc::MAP_FAILED {
+                return Err(RestoreError::Map(format!(
+                    "mapping packed memory range {e:?}: {}",
+                    std::io::Error::last_os_error()
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Host address of one page at linear page number `page` (regions back to
 /// back), if it lies inside memory.
 fn page_ptr(mem: &GuestMemoryMmap, page: u64) -> Option<*mut u8> {
@@ -479,5 +561,51 @@ mod tests {
         // Private mapping: guest writes never reach the file.
         mem.write_obj(0x77u8, GuestAddress(3 * PAGE_SIZE as u64)).unwrap();
         assert_eq!(std::fs::read(full.join(MEMORY_FILE)).unwrap()[3 * PAGE_SIZE], 1);
+    }
+
+    #[test]
+    fn packed_memory_is_mapped_in_place_across_regions() {
+        use vm_memory::Bytes;
+        let d = tempfile::tempdir().unwrap();
+        let full = d.path().join("full");
+        std::fs::create_dir_all(&full).unwrap();
+        let page = PAGE_SIZE as u64;
+        // Two regions of 4 pages with a gap between them in guest space.
+        let regions = vec![
+            RegionState { guest_addr: 0, size: 4 * page },
+            RegionState { guest_addr: 1 << 20, size: 4 * page },
+        ];
+        // The full snapshot's file is all holes.
+        std::fs::File::create(full.join(MEMORY_FILE)).unwrap().set_len(8 * page).unwrap();
+        // Packed: a header page, then 3 pages of data that cross from the
+        // first region into the second (linear pages 3, 4, 5).
+        let mut packed = vec![0u8; PAGE_SIZE];
+        for v in [3u8, 4, 5] {
+            packed.extend(vec![v; PAGE_SIZE]);
+        }
+        let pfile = d.path().join("packed");
+        std::fs::write(&pfile, &packed).unwrap();
+        let map = d.path().join("memory.map");
+        let ext = [memory_map::Extent { guest: 3 * page, file: page, len: 3 * page }];
+        std::fs::write(&map, memory_map::encode(&ext)).unwrap();
+        let p = PackedMemory::open(File::open(&pfile).unwrap(), &map, 8 * page).unwrap();
+        let chain = vec![(full.clone(), MemoryState { regions, kind: MemoryKind::Full })];
+        let mem = map_memory(&chain).unwrap();
+        map_packed(&mem, &p).unwrap();
+        let b = |a: u64| mem.read_obj::<u8>(GuestAddress(a)).unwrap();
+        assert_eq!(b(2 * page), 0, "a hole stays zero");
+        assert_eq!(b(3 * page + 17), 3);
+        assert_eq!(b(1 << 20), 4, "the range goes on in the second region");
+        assert_eq!(b((1 << 20) + page + 5), 5);
+        assert_eq!(b((1 << 20) + 2 * page), 0);
+        // Private: guest writes never reach the packed file.
+        mem.write_obj(0x77u8, GuestAddress(3 * page)).unwrap();
+        assert_eq!(b(3 * page), 0x77);
+        assert_eq!(std::fs::read(&pfile).unwrap()[PAGE_SIZE], 3);
+        // A map reaching past the file is refused before anything is mapped.
+        let past = [memory_map::Extent { guest: 0, file: page, len: 4 * page }];
+        std::fs::write(&map, memory_map::encode(&past)).unwrap();
+        let e = PackedMemory::open(File::open(&pfile).unwrap(), &map, 8 * page).unwrap_err();
+        assert!(e.to_string().contains("outside"), "{e}");
     }
 }

@@ -88,12 +88,29 @@ impl Vmm {
         state: &MicrovmState,
         chain: &[(PathBuf, MemoryState)],
     ) -> Result<Self, VmmError> {
+        Self::restore_packed(opts, state, chain, None)
+    }
+
+    /// [`Self::restore`], with the memory's data mapped in place from a
+    /// packed file (`--packed-memory-fd`) over the full snapshot's holes.
+    pub fn restore_packed(
+        opts: &RestoreConfig,
+        state: &MicrovmState,
+        chain: &[(PathBuf, MemoryState)],
+        packed: Option<&microvm::PackedMemory>,
+    ) -> Result<Self, VmmError> {
         let restore_err = |e: &dyn std::fmt::Display| VmmError::Restore(e.to_string());
         check_restore(opts, state)?;
         vcpu::install_kick_handler().map_err(|e| VmmError::Io("signal handler", e))?;
         let kvm = Kvm::new().map_err(VmmError::Kvm)?;
         let vm = new_vm(&kvm)?;
         let mem = microvm::map_memory(chain).map_err(|e| restore_err(&e))?;
+        if let Some(p) = packed {
+            if chain.len() != 1 {
+                return Err(VmmError::Restore("packed memory restores a full snapshot only".into()));
+            }
+            microvm::map_packed(&mem, p).map_err(|e| restore_err(&e))?;
+        }
         let dirty_log = match register_memory(&vm, &mem, true) {
             Ok(()) => true,
             Err(e) => {

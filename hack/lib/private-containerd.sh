@@ -6,11 +6,14 @@
 
 # burrow's binaries: this checkout's release build, else its debug build,
 # else the installed ones (burrow install); said on stderr, never silently.
-burrow_bin_from=""
+burrow_bin_from="" agent_profile=()
 for profile in release debug; do
     if [[ -x $here/target/$profile/containerd-shim-burrow-v2 && -x $here/target/$profile/burrow-vmm ]]; then
         export PATH=$here/target/$profile:$PATH
         burrow_bin_from="this checkout's $profile build ($here/target/$profile)"
+        # The guest's agent from the same profile (a debug agent is
+        # several times slower in a guest: not what `burrow install` packs).
+        [[ $profile == release ]] && agent_profile=(--release)
         break
     fi
 done
@@ -29,9 +32,9 @@ elif [[ $burrow_bin_from == installed* && -f /etc/burrow/config.toml ]]; then
     echo "burrow config: /etc/burrow/config.toml (installed)" >&2
 else
     printf 'kernel = "%s"\ninitrd = "%s"\nstate_dir = "%s"\ntemplate_dir = "%s"\n[memory_mib]\ndefault = 256\n' \
-        "$("$here/guest-kernel/build" | tail -n 1)" "$("$here/rootfs/build" | tail -n 1)" "$work/burrow" "$work/templates" >"$work/burrow.toml"
+        "$("$here/guest-kernel/build" | tail -n 1)" "$("$here/rootfs/build" "${agent_profile[@]}" | tail -n 1)" "$work/burrow" "$work/templates" >"$work/burrow.toml"
     export BURROW_CONFIG=$work/burrow.toml
-    echo "burrow config: this checkout's cached guest kernel and initramfs ($BURROW_CONFIG)" >&2
+    echo "burrow config: this checkout's cached guest kernel and ${agent_profile[*]:-debug} agent initramfs ($BURROW_CONFIG)" >&2
 fi
 croot=/var/lib/containerd/private-$$
 mkdir -p "$croot"

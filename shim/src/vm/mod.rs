@@ -701,6 +701,16 @@ impl VmSandbox {
         r
     }
 
+    /// Whether `id` is the VM's only container, outside a pod, with a
+    /// writable root filesystem this shim made (so removes at its delete).
+    fn is_last_on_its_own_disk(&self, id: &str) -> bool {
+        if self.slots.is_pod() {
+            return false;
+        }
+        let r = self.registry();
+        r.len() == 1 && r.get(id).is_some_and(|c| c.rootfs.image.is_some())
+    }
+
     fn drop_container_files(&self, id: &str) {
         let res = self.registry().remove(id);
         if let Some(img) = res.and_then(|r| r.rootfs.image) {
@@ -752,6 +762,17 @@ impl Sandbox for VmSandbox {
     }
 
     async fn delete_container(&self, id: &str) -> Result<()> {
+        // The VM's only container, on a disk this shim made and removes
+        // with it: nothing of the guest's cleanup (its unmount, the slot's
+        // detach) outlives the VM, which stops now. A pod, or a root
+        // filesystem that stays (a snapshotter's block device), is cleaned
+        // up in the guest first so that what it wrote reaches the disk.
+        if self.is_last_on_its_own_disk(id) {
+            let _ = self.slots.release(id);
+            self.drop_container_files(id);
+            self.vm.stop(Gone::Stopped).await;
+            return Ok(());
+        }
         // An asleep VM is not woken for this: it is stopped below.
         if let Some(h) = self.vm.phase().handle() {
             match h.agent.delete_container(&self.gid(id)).await {

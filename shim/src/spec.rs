@@ -16,6 +16,13 @@ pub const CRI_SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
 /// Per-pod overrides of the VM's size (bounded by the config).
 pub const ANNOTATION_VCPUS: &str = "io.burrow.vcpus";
 pub const ANNOTATION_MEMORY_MIB: &str = "io.burrow.memory_mib";
+/// What containerd's CRI plugin (1.6.7 and later) writes on a pod's sandbox
+/// container from the kubelet's `LinuxPodSandboxConfig.resources`: the sum
+/// of the pod's containers' limits (memory in bytes, CPU as a CFS quota
+/// over a period, microseconds). Kata sizes its static pod VMs from them.
+pub const CRI_SANDBOX_MEMORY: &str = "io.kubernetes.cri.sandbox-memory";
+pub const CRI_SANDBOX_CPU_QUOTA: &str = "io.kubernetes.cri.sandbox-cpu-quota";
+pub const CRI_SANDBOX_CPU_PERIOD: &str = "io.kubernetes.cri.sandbox-cpu-period";
 /// Hibernate the sandbox after this many seconds without activity (0: never).
 pub const ANNOTATION_HIBERNATE_IDLE: &str = "io.burrow.hibernate_idle_secs";
 /// Attach the browser image (read-only, shared) so the sandbox's agent can
@@ -251,39 +258,67 @@ fn count_cpuset(s: &str) -> Option<u32> {
     (n > 0).then_some(n)
 }
 
-/// Size the VM from the spec: annotations `io.burrow.vcpus` /
-/// `io.burrow.memory_mib` first, then `linux.resources` (CPU quota/period
-/// rounded up, or the cpuset's size; the memory limit plus the configured
-/// guest overhead), then the configured defaults; always clamped to the
-/// configured bounds.
+/// vCPUs for a CFS `quota` over `period` (microseconds; a period of 0 or
+/// none is CFS's default 100 ms): rounded up; none for no quota.
+fn vcpus_for_quota(quota: i64, period: Option<u64>) -> Option<u32> {
+    let period = period.filter(|p| *p > 0).unwrap_or(100_000);
+    let q = u64::try_from(quota).ok().filter(|q| *q > 0)?;
+    // More CPUs than u32 holds is "as many as allowed": the caller clamps.
+    Some(u32::try_from(q.div_ceil(period)).unwrap_or(u32::MAX))
+}
+
+/// MiB of VM for a memory limit of `bytes` (none for no limit): the limit
+/// rounded up, plus the guest's own `overhead_mib`.
+fn memory_for_limit(bytes: i64, overhead_mib: u64) -> Option<u64> {
+    let b = u64::try_from(bytes).ok().filter(|b| *b > 0)?;
+    Some(b.div_ceil(1 << 20).saturating_add(overhead_mib))
+}
+
+/// An annotation read as a number (none when absent or not a number).
+fn annotation_number<T: std::str::FromStr>(spec: &Value, key: &str) -> Option<T> {
+    annotation(spec, key).and_then(|v| v.trim().parse::<T>().ok())
+}
+
+/// Size the VM from the spec, first found wins:
+/// 1. annotations `io.burrow.vcpus` / `io.burrow.memory_mib`;
+/// 2. a CRI pod's summed container limits (`io.kubernetes.cri.sandbox-*`,
+///    see [`CRI_SANDBOX_MEMORY`]), so a Kubernetes pod whose containers
+///    declare limits gets a VM they fit in without any burrow annotation;
+/// 3. `linux.resources` (CPU quota/period rounded up, or the cpuset's size;
+///    the memory limit);
+/// 4. the configured defaults.
+///
+/// A memory limit becomes the limit plus the configured guest overhead;
+/// the result is always clamped to the configured bounds.
 pub fn vm_size(spec: &Value, cfg: &Config) -> VmSize {
     let res = spec.get("linux").and_then(|l| l.get("resources"));
     let cpu = res.and_then(|r| r.get("cpu"));
+    let from_pod_quota = annotation_number::<i64>(spec, CRI_SANDBOX_CPU_QUOTA).and_then(|q| {
+        vcpus_for_quota(q, annotation_number::<u64>(spec, CRI_SANDBOX_CPU_PERIOD))
+    });
     let from_quota = cpu.and_then(|c| {
-        let quota = c.get("quota")?.as_i64()?;
-        let period = c.get("period").and_then(Value::as_u64).unwrap_or(100_000);
-        if quota <= 0 || period == 0 {
-            return None;
-        }
-        let q = u64::try_from(quota).ok()?;
-        u32::try_from(q.div_ceil(period)).ok()
+        vcpus_for_quota(
+            c.get("quota")?.as_i64()?,
+            c.get("period").and_then(Value::as_u64),
+        )
     });
     let from_cpuset = cpu
         .and_then(|c| c.get("cpus")?.as_str())
         .and_then(count_cpuset);
-    let vcpus = annotation(spec, ANNOTATION_VCPUS)
-        .and_then(|v| v.trim().parse::<u32>().ok())
+    let vcpus = annotation_number::<u32>(spec, ANNOTATION_VCPUS)
+        .or(from_pod_quota)
         .or(from_quota)
         .or(from_cpuset)
         .unwrap_or(cfg.vcpus.default);
 
+    let overhead = cfg.memory_mib.overhead;
+    let from_pod_memory = annotation_number::<i64>(spec, CRI_SANDBOX_MEMORY)
+        .and_then(|b| memory_for_limit(b, overhead));
     let from_limit = res
         .and_then(|r| r.get("memory")?.get("limit")?.as_i64())
-        .filter(|l| *l > 0)
-        .and_then(|l| u64::try_from(l).ok())
-        .map(|l| l.div_ceil(1 << 20).saturating_add(cfg.memory_mib.overhead));
-    let memory_mib = annotation(spec, ANNOTATION_MEMORY_MIB)
-        .and_then(|v| v.trim().parse::<u64>().ok())
+        .and_then(|l| memory_for_limit(l, overhead));
+    let memory_mib = annotation_number::<u64>(spec, ANNOTATION_MEMORY_MIB)
+        .or(from_pod_memory)
         .or(from_limit)
         .unwrap_or(cfg.memory_mib.default);
 
@@ -423,6 +458,57 @@ mod tests {
 
         let s = json!({"annotations": {ANNOTATION_VCPUS: "3"}, "linux": {"resources": {"cpu": {"quota": -1}}}});
         assert_eq!(vm_size(&s, &c).vcpus, 3);
+    }
+
+    #[test]
+    fn a_cri_pod_is_sized_by_its_containers_summed_limits() {
+        let c = cfg();
+        let pod = |mem: &str, quota: &str, period: &str| {
+            json!({"annotations": {
+                CRI_SANDBOX_MEMORY: mem,
+                CRI_SANDBOX_CPU_QUOTA: quota,
+                CRI_SANDBOX_CPU_PERIOD: period,
+                // containerd's sandbox container: CPU shares, no limit
+            }, "linux": {"resources": {"cpu": {"shares": 2}}}})
+        };
+        // 1 GiB and 2.5 CPUs summed over the pod's containers.
+        assert_eq!(
+            vm_size(&pod("1073741824", "250000", "100000"), &c),
+            VmSize {
+                vcpus: 3,
+                memory_mib: 1024 + c.memory_mib.overhead
+            }
+        );
+        // No limits anywhere in the pod: the kubelet sends zeros.
+        assert_eq!(
+            vm_size(&pod("0", "0", "0"), &c),
+            VmSize {
+                vcpus: c.vcpus.default,
+                memory_mib: c.memory_mib.default
+            }
+        );
+        // A period of 0 is CFS's default 100 ms; garbage is no value.
+        assert_eq!(vm_size(&pod("x", "150000", "0"), &c).vcpus, 2);
+        assert_eq!(vm_size(&pod("-5", "-1", "y"), &c).memory_mib, c.memory_mib.default);
+        // Clamped to the configured maximum, however large the sum.
+        assert_eq!(
+            vm_size(&pod("9223372036854775807", "9223372036854775807", "1"), &c),
+            VmSize {
+                vcpus: c.vcpus.max,
+                memory_mib: c.memory_mib.max
+            }
+        );
+        // burrow's own annotations still win over the kubelet's sums.
+        let mut s = pod("1073741824", "400000", "100000");
+        s["annotations"][ANNOTATION_MEMORY_MIB] = json!("384");
+        s["annotations"][ANNOTATION_VCPUS] = json!("1");
+        assert_eq!(
+            vm_size(&s, &c),
+            VmSize {
+                vcpus: 1,
+                memory_mib: 384
+            }
+        );
     }
 
     #[test]

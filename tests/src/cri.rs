@@ -198,6 +198,23 @@ impl Cri {
             })
     }
 
+    /// [`Cri::run_pod`] with the pod's summed container limits in
+    /// `LinuxPodSandboxConfig.resources`, as the kubelet sends them.
+    pub fn run_pod_sized(
+        &self,
+        name: &str,
+        handler: &str,
+        resources: cri::LinuxContainerResources,
+    ) -> Pod {
+        self.run_pod_config(name, handler, false, &[], Some(resources))
+            .unwrap_or_else(|e| {
+                panic!(
+                    "RunPodSandbox {name} ({handler}): {e}\n{}",
+                    self.containerd.diagnostics()
+                )
+            })
+    }
+
     /// [`Cri::run_pod_with`], its error returned.
     pub fn try_run_pod(
         &self,
@@ -205,6 +222,17 @@ impl Cri {
         handler: &str,
         share_pids: bool,
         annotations: &[(&str, &str)],
+    ) -> Result<Pod, tonic::Status> {
+        self.run_pod_config(name, handler, share_pids, annotations, None)
+    }
+
+    fn run_pod_config(
+        &self,
+        name: &str,
+        handler: &str,
+        share_pids: bool,
+        annotations: &[(&str, &str)],
+        resources: Option<cri::LinuxContainerResources>,
     ) -> Result<Pod, tonic::Status> {
         let pid = if share_pids {
             cri::NamespaceMode::Pod
@@ -237,6 +265,7 @@ impl Cri {
                     }),
                     ..Default::default()
                 }),
+                resources,
                 ..Default::default()
             }),
             ..Default::default()

@@ -368,7 +368,9 @@ const ALLOC_48M: [&str; 5] = ["dd", "if=/dev/zero", "of=/dev/null", "bs=48M", "c
 /// and ContainerStats counts each container's own memory. The pod shares
 /// one PID namespace (`shareProcessNamespace`): each container sees the
 /// others' processes. Under burrow the pod's annotation sizes its VM, and a
-/// container whose limit does not fit it is refused, the others untouched.
+/// container whose limit does not fit it is refused, the others untouched;
+/// then a pod sized only by its containers' limits, as the kubelet sends
+/// them.
 fn limits_are_each_containers_own(cri: &Cri, handler: &str) {
     let pod = cri.run_pod_with(
         &format!("limits-{handler}"),
@@ -476,9 +478,64 @@ fn limits_are_each_containers_own(cri: &Cri, handler: &str) {
     for id in [&tight, &free] {
         assert_eq!(cri.exec(id, &["true"]).code, 0, "{handler}");
     }
-
     cri.remove_pod(&pod.id);
+
+    sized_by_its_containers_limits(cri, handler);
     cri.containerd.assert_clean(CLEAN);
+}
+
+/// What `id` sees of its machine: MemTotal (kB) and its processors.
+fn machine_seen(cri: &Cri, id: &str) -> (u64, usize) {
+    let e = cri.exec(id, &["cat", "/proc/meminfo", "/proc/cpuinfo"]);
+    assert_eq!(e.code, 0, "{e:?}");
+    let total_kib = e
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no MemTotal: {e:?}"));
+    let cpus = e.stdout.lines().filter(|l| l.starts_with("processor")).count();
+    (total_kib, cpus)
+}
+
+/// A pod whose containers declare limits and no burrow annotation: the
+/// kubelet sends their sum in `LinuxPodSandboxConfig.resources`, and
+/// burrow sizes the pod's VM from it (containerd passes it on as the
+/// `io.kubernetes.cri.sandbox-*` annotations), so a container larger than
+/// the default VM (512 MiB) starts in it. runc shares the host's machine.
+fn sized_by_its_containers_limits(cri: &Cri, handler: &str) {
+    let limits = |memory: i64| cri::LinuxContainerResources {
+        memory_limit_in_bytes: memory,
+        cpu_period: 100_000,
+        cpu_quota: 150_000,
+        ..Default::default()
+    };
+    let pod = cri.run_pod_sized(&format!("sized-{handler}"), handler, limits(640 * MIB));
+    let big = cri
+        .create_container_with(&pod, "big", &["sleep", "2147483647"], Some(limits(600 * MIB)))
+        .unwrap();
+    cri.try_start_container(&big).unwrap_or_else(|e| {
+        panic!(
+            "{handler}: a 600 MiB container in a pod whose containers sum to 640 MiB: {e:?}\n{}",
+            cri.containerd.diagnostics()
+        )
+    });
+    let (total_kib, cpus) = machine_seen(cri, &big);
+    if handler == "burrow" {
+        // 640 MiB for the containers + the guest's 64: more than a default
+        // VM's MemTotal could be, at most the VM's size.
+        assert!(
+            (576 * 1024..=704 * 1024).contains(&total_kib),
+            "the pod's VM was to have 640 + 64 MiB: MemTotal {total_kib} kB"
+        );
+        assert_eq!(cpus, 2, "1.5 CPUs of limits round up to 2 vCPUs");
+    } else {
+        assert!(
+            total_kib > 1024 * 1024,
+            "runc shares the host's memory: MemTotal {total_kib} kB"
+        );
+    }
+    cri.remove_pod(&pod.id);
 }
 
 #[test]

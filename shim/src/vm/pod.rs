@@ -110,8 +110,9 @@ impl Slots {
 }
 
 /// A member's memory limit must fit the pod's VM (`vm_mib`, of which
-/// `overhead_mib` are the guest kernel's and agent's): the VM cannot grow,
-/// and a limit it cannot honour would only surprise later as an OOM.
+/// `overhead_mib` are the guest kernel's and agent's): the VM cannot grow
+/// after the pod started (see [`spec::vm_size`] for how it is sized), and a
+/// limit it cannot honour would only surprise later as an OOM.
 fn check_fits(c: &ContainerConfig, vm_mib: u64, overhead_mib: u64) -> Result<()> {
     let limit = c
         .spec
@@ -122,10 +123,11 @@ fn check_fits(c: &ContainerConfig, vm_mib: u64, overhead_mib: u64) -> Result<()>
     let room = vm_mib.saturating_sub(overhead_mib);
     match limit {
         Some(l) if l.div_ceil(1 << 20) > room => Err(SandboxError::ResourceExhausted(format!(
-            "container {}: its memory limit ({} MiB) does not fit its pod's VM ({vm_mib} MiB, {overhead_mib} MiB of it the guest's); size the pod with the annotation {}=<MiB> (containerd's CRI passes io.burrow.* pod annotations when the runtime's pod_annotations allow them, as `burrow install` sets) or raise memory_mib.default in the burrow config",
+            "container {}: its memory limit ({} MiB) does not fit its pod's VM ({vm_mib} MiB, {overhead_mib} MiB of it the guest's). The VM is sized when the pod starts: from the pod annotation {}=<MiB> (containerd's CRI passes io.burrow.* pod annotations when the runtime's pod_annotations allow them, as `burrow install` sets), else from the sum of the pod's containers' limits that the kubelet sends ({}), else memory_mib.default in the burrow config",
             c.id,
             l.div_ceil(1 << 20),
             spec::ANNOTATION_MEMORY_MIB,
+            spec::CRI_SANDBOX_MEMORY,
         ))),
         _ => Ok(()),
     }

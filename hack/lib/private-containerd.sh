@@ -31,8 +31,8 @@ if [[ -n ${BURROW_CONFIG:-} ]]; then
 elif [[ $burrow_bin_from == installed* && -f /etc/burrow/config.toml ]]; then
     echo "burrow config: /etc/burrow/config.toml (installed)" >&2
 else
-    printf 'kernel = "%s"\ninitrd = "%s"\nstate_dir = "%s"\ntemplate_dir = "%s"\n[memory_mib]\ndefault = 256\n' \
-        "$("$here/guest-kernel/build" | tail -n 1)" "$("$here/rootfs/build" "${agent_profile[@]}" | tail -n 1)" "$work/burrow" "$work/templates" >"$work/burrow.toml"
+    printf 'kernel = "%s"\ninitrd = "%s"\nstate_dir = "%s"\ntemplate_dir = "%s"\nlayer_cache_dir = "%s"\n[memory_mib]\ndefault = 256\n' \
+        "$("$here/guest-kernel/build" | tail -n 1)" "$("$here/rootfs/build" "${agent_profile[@]}" | tail -n 1)" "$work/burrow" "$work/templates" "$work/layers" >"$work/burrow.toml"
     export BURROW_CONFIG=$work/burrow.toml
     echo "burrow config: this checkout's cached guest kernel and ${agent_profile[*]:-debug} agent initramfs ($BURROW_CONFIG)" >&2
 fi

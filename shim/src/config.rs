@@ -31,6 +31,9 @@
 //! templates = true             # start containers by restoring a warm template
 //!                              # (annotation io.burrow.template=on|off)
 //! template_dir = "/var/cache/burrow/templates"  # one snapshot per VM shape
+//! layer_cache_dir = "/var/cache/burrow/layers"  # built rootfs images, one per
+//!                              # image layer chain, copied per container
+//! layer_cache_images = 8       # most images kept there; 0 = no cache
 //!
 //! [vcpus]
 //! default = 1
@@ -137,6 +140,10 @@ pub struct Config {
     /// ([`crate::vm::template`]) instead of booting.
     pub templates: bool,
     pub template_dir: PathBuf,
+    /// Built root filesystem images kept per image layer chain
+    /// ([`crate::vm::layer_cache`]), and how many at most (0: none).
+    pub layer_cache_dir: PathBuf,
+    pub layer_cache_images: u32,
 }
 
 impl Default for Config {
@@ -168,6 +175,8 @@ impl Default for Config {
             browser_image: PathBuf::from("/var/lib/burrow/browser.img"),
             templates: true,
             template_dir: PathBuf::from("/var/cache/burrow/templates"),
+            layer_cache_dir: PathBuf::from("/var/cache/burrow/layers"),
+            layer_cache_images: 8,
         }
     }
 }
@@ -207,6 +216,9 @@ impl Config {
         // vsock and a NIC take three.
         if !(1..=16).contains(&cfg.pod_disk_slots) {
             return bad("pod_disk_slots: want 1..=16");
+        }
+        if cfg.layer_cache_images > 4096 {
+            return bad("layer_cache_images: want 0..=4096");
         }
         if cfg.kernel_cmdline.len() > 2048 {
             return bad("kernel_cmdline is longer than 2048 bytes");

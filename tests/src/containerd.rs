@@ -186,12 +186,13 @@ impl Containerd {
         std::fs::write(
             &burrow_config,
             format!(
-                "kernel = {:?}\ninitrd = {:?}\nstate_dir = {:?}\nsnapshot_dir = {:?}\nimage_dir = {:?}\n{}{extra_config}\n",
+                "kernel = {:?}\ninitrd = {:?}\nstate_dir = {:?}\nsnapshot_dir = {:?}\nimage_dir = {:?}\nlayer_cache_dir = {:?}\n{}{extra_config}\n",
                 kernel.display().to_string(),
                 initrd.display().to_string(),
                 dir.join("burrow").display().to_string(),
                 dir.join("snapshots").display().to_string(),
                 images.display().to_string(),
+                dir.join("layers").display().to_string(),
                 templates_config(extra_config),
             ),
         )

@@ -70,6 +70,63 @@ fn ctr_run_prints_output_and_exit_status_from_a_separate_kernel() {
     c.assert_clean(CLEAN);
 }
 
+/// Containers of one image get copies of one image built once for its
+/// layers (the shim's layer cache): the second create copies instead of
+/// building, and it sees the image's files but none of what the first
+/// container wrote.
+#[test]
+fn containers_of_one_image_share_a_build_and_nothing_else() {
+    let c = containerd("layers");
+    let cache = c.dir().join("layers");
+    let first = c.ctr(&run(
+        &["--rm"],
+        "t-l1",
+        &["sh", "-c", "echo mine > /written-by-one; cat /written-by-one"],
+    ));
+    assert_eq!(first.code, Some(0), "{first:?}\n{}", c.diagnostics());
+    assert_eq!(first.stdout.trim(), "mine", "{first:?}");
+    assert_eq!(c.log_count("root filesystem built into the layer cache"), 1);
+    assert_eq!(c.log_count("root filesystem copied from the layer cache"), 0);
+    let images = |dir: &std::path::Path| -> Vec<String> {
+        std::fs::read_dir(dir)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let cached = images(&cache);
+    assert_eq!(cached.len(), 1, "one image for busybox's layers: {cached:?}");
+    assert!(cached[0].ends_with(".img"), "{cached:?}");
+
+    let second = c.ctr(&run(
+        &["--rm"],
+        "t-l2",
+        &["sh", "-c", "ls /written-by-one 2>&1; echo busybox $(ls /bin | wc -l)"],
+    ));
+    assert_eq!(second.code, Some(0), "{second:?}\n{}", c.diagnostics());
+    assert_eq!(
+        c.log_count("root filesystem copied from the layer cache"),
+        1,
+        "{}",
+        c.diagnostics()
+    );
+    assert!(
+        second.stdout.contains("No such file"),
+        "the first container's write reached the second: {second:?}"
+    );
+    let applets: usize = second
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("busybox "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(applets > 100, "the image's files are in the copy: {second:?}");
+    assert_eq!(images(&cache), cached, "the cache still holds its one image");
+    c.assert_clean(CLEAN);
+}
+
 #[test]
 fn ctr_run_stdin_terminal_and_signals() {
     let c = containerd("stdio");

@@ -30,6 +30,7 @@ pub mod hostfiles;
 pub mod intake;
 pub mod jail;
 pub mod launch;
+pub mod layer_cache;
 pub mod lifecycle;
 pub mod named;
 pub mod net;
@@ -447,7 +448,8 @@ impl VmSandbox {
             self.check_disk(&what, size)?;
             disk_budget::make_private_dir(&self.images)
         };
-        let rootfs = rootfs::prepare(c, &image, cfg.rootfs_slack_mib, budget).await?;
+        let cache = layer_cache::LayerCache::new(&cfg.layer_cache_dir, cfg.layer_cache_images);
+        let rootfs = rootfs::prepare(c, &image, cfg.rootfs_slack_mib, &cache, budget).await?;
         self.registry().insert(
             c.id.clone(),
             Contents {

@@ -6,7 +6,9 @@
 //!   the container's writes go straight into the snapshot.
 //! - Anything else (overlayfs snapshots, a pre-populated `bundle/rootfs`) is
 //!   mounted on `bundle/rootfs`, copied into a fresh sparse ext4 image with
-//!   `mkfs.ext4 -d`, and unmounted again. The image is writable and lives in
+//!   `mkfs.ext4 -d`, and unmounted again. A fresh overlayfs snapshot's
+//!   image is built once per image layer chain and each container gets a
+//!   copy of it ([`super::layer_cache`]). The image is writable and lives in
 //!   the sandbox's image directory ([`super::disk_budget`]: on disk, not
 //!   the tmpfs state directory), so the container keeps its writes for as
 //!   long as the task exists (and in VM snapshots); they are not copied
@@ -15,6 +17,7 @@
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
+use super::layer_cache::LayerCache;
 use crate::sandbox::{ContainerConfig, Result, RootfsMount, SandboxError};
 
 /// File systems passed through as block devices.
@@ -205,15 +208,41 @@ fn mount_all(mounts: &[RootfsMount], target: &Path) -> Result<()> {
 }
 
 /// Prepare the rootfs of `cfg` for the guest; an image goes to `image`
-/// once `budget` allowed its size (see [`build_image`]).
+/// once `budget` allowed its size (see [`build_image`]): a copy of the
+/// cached image of its layers when `cache` has one (or builds one now),
+/// else built from its files.
 pub async fn prepare(
     cfg: &ContainerConfig,
     image: &Path,
     slack_mib: u64,
-    budget: impl FnOnce(u64) -> Result<()>,
+    cache: &LayerCache,
+    budget: impl Fn(u64) -> Result<()>,
 ) -> Result<GuestRootfs> {
     if let Some(p) = passthrough(&cfg.rootfs) {
         return Ok(p);
+    }
+    let made = GuestRootfs {
+        disk: image.to_path_buf(),
+        read_only: false,
+        fstype: "ext4".into(),
+        image: Some(image.to_path_buf()),
+    };
+    let key = cache.key(&cfg.rootfs, slack_mib);
+    if let Some(cached) = key.as_deref().and_then(|k| cache.lookup(k)) {
+        let started = std::time::Instant::now();
+        match copy_image(&cached, image, &budget).await {
+            Ok(()) => {
+                tracing::info!(
+                    "{}: root filesystem copied from the layer cache in {} ms",
+                    cfg.id,
+                    started.elapsed().as_millis()
+                );
+                return Ok(made);
+            }
+            Err(e @ SandboxError::ResourceExhausted(_)) => return Err(e),
+            // (removed from the cache meanwhile, say): built below.
+            Err(e) => tracing::warn!("{}: copying the cached image: {e}", cfg.id),
+        }
     }
     let target = cfg.bundle.join("rootfs");
     std::fs::create_dir_all(&target)
@@ -229,17 +258,43 @@ pub async fn prepare(
             return Err(e);
         }
     }
-    let built = build_image(&target, image, slack_mib, budget).await;
+    let built = match &key {
+        Some(k) => build_into_cache(&target, cache, k, slack_mib, &budget).await,
+        None => build_image(&target, image, slack_mib, &budget).await.map(|()| None),
+    };
     if mounted {
         unmount(&target);
     }
-    built?;
-    Ok(GuestRootfs {
-        disk: image.to_path_buf(),
-        read_only: false,
-        fstype: "ext4".into(),
-        image: Some(image.to_path_buf()),
-    })
+    if let Some(cached) = built? {
+        // Its size was allowed by the budget already.
+        copy_image(&cached, image, |_| Ok(())).await?;
+        tracing::info!("{}: root filesystem built into the layer cache", cfg.id);
+    }
+    Ok(made)
+}
+
+/// Build the image of `dir` into `cache` as `key`'s; returns its path.
+async fn build_into_cache(
+    dir: &Path,
+    cache: &LayerCache,
+    key: &str,
+    slack_mib: u64,
+    budget: impl Fn(u64) -> Result<()>,
+) -> Result<Option<PathBuf>> {
+    let building = cache.building(key)?;
+    build_image(dir, &building, slack_mib, budget).await?;
+    cache.publish(&building, key).map(Some)
+}
+
+/// Copy image `from` to the new file `to` (a reflink where the file system
+/// can, else its data only), once `budget` allowed its apparent size.
+async fn copy_image(from: &Path, to: &Path, budget: impl Fn(u64) -> Result<()>) -> Result<()> {
+    let size = std::fs::metadata(from)
+        .map_err(|e| SandboxError::io(format_args!("reading {}", from.display()), &e))?
+        .len();
+    budget(size)?;
+    drop(super::disk_budget::create_image(to)?);
+    super::snapshot::copy_disk(from, to).await
 }
 
 #[cfg(test)]

@@ -187,7 +187,7 @@ fn publish(build: &Path, dir: &Path, key: &str) -> Result<()> {
 }
 
 /// 16 random bytes from the host, as lowercase hex.
-fn random_hex() -> Result<String> {
+pub(super) fn random_hex() -> Result<String> {
     use std::io::Read;
     let mut b = [0u8; 16];
     std::fs::File::open("/dev/urandom")

@@ -259,31 +259,39 @@ pub async fn prepare(
         }
     }
     let built = match &key {
-        Some(k) => build_into_cache(&target, cache, k, slack_mib, &budget).await,
-        None => build_image(&target, image, slack_mib, &budget).await.map(|()| None),
+        Some(k) => build_into_cache(&target, image, cache, k, slack_mib, &budget).await,
+        None => build_image(&target, image, slack_mib, &budget).await,
     };
     if mounted {
         unmount(&target);
     }
-    if let Some(cached) = built? {
-        // Its size was allowed by the budget already.
-        copy_image(&cached, image, |_| Ok(())).await?;
-        tracing::info!("{}: root filesystem built into the layer cache", cfg.id);
-    }
+    built?;
     Ok(made)
 }
 
-/// Build the image of `dir` into `cache` as `key`'s; returns its path.
+/// Build the image of `dir` into `cache` as `key`'s and copy it to `image`
+/// before publishing it (so another create's trim cannot remove it first).
 async fn build_into_cache(
     dir: &Path,
+    image: &Path,
     cache: &LayerCache,
     key: &str,
     slack_mib: u64,
     budget: impl Fn(u64) -> Result<()>,
-) -> Result<Option<PathBuf>> {
+) -> Result<()> {
     let building = cache.building(key)?;
     build_image(dir, &building, slack_mib, budget).await?;
-    cache.publish(&building, key).map(Some)
+    // Its size was allowed by the budget already.
+    if let Err(e) = copy_image(&building, image, |_| Ok(())).await {
+        let _ = std::fs::remove_file(&building);
+        return Err(e);
+    }
+    // The container has its disk: a cache that cannot keep it is no error.
+    match cache.publish(&building, key) {
+        Ok(_) => tracing::info!("root filesystem built into the layer cache as {key}"),
+        Err(e) => tracing::warn!("keeping the built root filesystem in the layer cache: {e}"),
+    }
+    Ok(())
 }
 
 /// Copy image `from` to the new file `to` (a reflink where the file system

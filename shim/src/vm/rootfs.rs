@@ -279,7 +279,14 @@ async fn build_into_cache(
     slack_mib: u64,
     budget: impl Fn(u64) -> Result<()>,
 ) -> Result<()> {
-    let building = cache.building(key)?;
+    let building = match cache.building(key) {
+        Ok(b) => b,
+        Err(e) => {
+            // A cache that cannot be written costs its speed, not the create.
+            tracing::warn!("layer cache unusable, building without it: {e}");
+            return build_image(dir, image, slack_mib, budget).await;
+        }
+    };
     build_image(dir, &building, slack_mib, budget).await?;
     // Its size was allowed by the budget already.
     if let Err(e) = copy_image(&building, image, |_| Ok(())).await {

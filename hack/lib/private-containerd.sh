@@ -4,25 +4,7 @@
 # Needs: $here (repo root), $work (scratch dir, removed by the caller).
 # Sets: $containerd_pid; registers private_containerd_stop on EXIT.
 
-# burrow's binaries: this checkout's release build, else its debug build,
-# else the installed ones (burrow install); said on stderr, never silently.
-burrow_bin_from="" agent_profile=()
-for profile in release debug; do
-    if [[ -x $here/target/$profile/containerd-shim-burrow-v2 && -x $here/target/$profile/burrow-vmm ]]; then
-        export PATH=$here/target/$profile:$PATH
-        burrow_bin_from="this checkout's $profile build ($here/target/$profile)"
-        # The guest's agent from the same profile (a debug agent is
-        # several times slower in a guest: not what `burrow install` packs).
-        [[ $profile == release ]] && agent_profile=(--release)
-        break
-    fi
-done
-if [[ -z $burrow_bin_from ]]; then
-    command -v containerd-shim-burrow-v2 >/dev/null ||
-        { echo "no burrow build in $here/target and none installed: run hack/setup (or cargo build --release)" >&2; exit 1; }
-    burrow_bin_from="installed ($(dirname "$(command -v containerd-shim-burrow-v2)"))"
-fi
-echo "burrow binaries: $burrow_bin_from" >&2
+source "$here/hack/lib/burrow-binaries.sh"
 # burrow's config: $BURROW_CONFIG when set; with installed binaries the
 # installed /etc/burrow/config.toml; else one written here for this
 # checkout's cached guest kernel and initramfs.

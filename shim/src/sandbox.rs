@@ -259,6 +259,13 @@ pub trait Sandbox: Send + Sync + 'static {
             "this sandbox cannot restore checkpoints".into(),
         ))
     }
+    /// A container of a restored CRI pod whose name the pod's checkpoint
+    /// has: take that running container over (as a restore does) and
+    /// return the pid of its init; None when none waits for it (create it).
+    async fn take_over_restored(&self, cfg: &ContainerConfig) -> Result<Option<u32>> {
+        let _ = cfg;
+        Ok(None)
+    }
     /// The directory of the named checkpoint `name` (written by `burrow
     /// sandbox checkpoint`), refusing names that are not plain.
     fn named_checkpoint(&self, name: &str) -> Result<std::path::PathBuf> {

@@ -13,6 +13,8 @@ pub const MAX_SPEC_BYTES: usize = burrow_protocol::MAX_SPEC_BYTES;
 
 /// Annotation CRI puts on every container of a pod, naming the pod's sandbox.
 pub const CRI_SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
+/// The annotation CRI puts on every container: `sandbox` or `container`.
+pub const CRI_CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
 /// Per-pod overrides of the VM's size (bounded by the config).
 pub const ANNOTATION_VCPUS: &str = "io.burrow.vcpus";
 pub const ANNOTATION_MEMORY_MIB: &str = "io.burrow.memory_mib";
@@ -31,6 +33,17 @@ pub const ANNOTATION_BROWSER: &str = "io.burrow.browser";
 /// Create the container by restoring the named checkpoint that
 /// `burrow sandbox checkpoint` wrote (instead of starting the spec's process).
 pub const ANNOTATION_RESTORE: &str = "io.burrow.restore";
+
+/// The named checkpoint a container is restored from
+/// ([`ANNOTATION_RESTORE`]). Not for a CRI pod's container: containerd
+/// copies its pod's annotations onto it, and there the name is the pod's
+/// checkpoint, which the pod's sandbox restored whole.
+pub fn restore_name(spec: &Value) -> Option<&str> {
+    if annotation(spec, CRI_CONTAINER_TYPE) == Some("container") {
+        return None;
+    }
+    annotation(spec, ANNOTATION_RESTORE)
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum SpecError {

@@ -295,25 +295,81 @@ fn burrow_pod_runs_its_containers_in_one_vm() {
     let e = cri.exec(&two, &["cat", "/only-two"]);
     assert_eq!(e.stdout.trim(), "two again", "{e:?}");
 
-    // A named checkpoint carries one container's disk: of a pod it is
-    // refused, saying why, with nothing written, and the pod runs on.
-    let state = cri.containerd.burrow_state().display().to_string();
-    let r = cri.containerd.burrow(&[
-        "sandbox", "--state-dir", &state, "-n", "k8s.io", "checkpoint", &pod.id, "cp1",
-    ]);
-    assert_ne!(r.code, Some(0), "{r:?}");
-    assert!(
-        r.stderr.contains("a pod cannot be checkpointed yet") && r.stderr.contains(&two),
-        "{r:?}"
-    );
-    let named = cri.containerd.snapshot_dir().join(".checkpoints").join("cp1");
-    assert!(!named.exists(), "{} left behind", named.display());
+    // The whole pod checkpointed by name (its VM and every container's
+    // disk) while it runs on.
+    let named = checkpoint_pod(&cri, &pod.id, "cp1");
     assert_eq!(pod_state(&cri, &pod.id), "running");
     assert_eq!(boot_id(&cri, &ids[0]), a);
 
     cri.remove_pod(&pod.id);
     cri.containerd.assert_clean(CLEAN);
     assert!(!Path::new(&sock).exists());
+
+    restored_pod_continues(&cri, "cp1", &a);
+    std::fs::remove_dir_all(&named).unwrap();
+    cri.containerd.assert_clean(CLEAN);
+}
+
+/// `burrow sandbox checkpoint POD NAME` of a pod whose containers are
+/// `one` and `two`: the manifest names both, each disk beside it by its
+/// slot. Returns the checkpoint's directory.
+fn checkpoint_pod(cri: &Cri, pod: &str, name: &str) -> std::path::PathBuf {
+    let out = burrow_sandbox(cri, &["checkpoint", pod, name]);
+    let named = cri.containerd.snapshot_dir().join(".checkpoints").join(name);
+    assert!(out.contains(&named.display().to_string()), "{out}");
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(named.join("burrow.json")).unwrap()).unwrap();
+    let members = m["pod"]["members"].as_array().unwrap_or_else(|| panic!("no pod members: {m}"));
+    let mut names: Vec<&str> = members.iter().filter_map(|x| x["name"].as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["one", "two"], "{m}");
+    for x in members {
+        let disk = named.join(format!("slot-{}.img", x["slot"]));
+        assert!(disk.metadata().unwrap().len() > 0, "{}", disk.display());
+    }
+    assert!(named.join("rootfs.img").exists());
+    named
+}
+
+/// A pod started from the pod checkpoint `name` (the pod annotation
+/// io.burrow.restore) of the pod `checkpoint_pod` saw: its VM is that
+/// guest, not a new boot (`boot`), and the kubelet's containers of the same
+/// names continue the checkpointed ones, their processes and disks, not
+/// the commands they are given now. A checkpoint that is not there is a
+/// clear RunPodSandbox error.
+fn restored_pod_continues(cri: &Cri, name: &str, boot: &str) {
+    let Err(e) =
+        cri.try_run_pod("pod-nowhere", "burrow", false, &[("io.burrow.restore", "nowhere")])
+    else {
+        panic!("a pod restored from a checkpoint that is not there started");
+    };
+    assert!(e.message().contains("not a usable burrow checkpoint"), "{e:?}");
+    cri.containerd.assert_clean(CLEAN);
+
+    let pod = cri.run_pod_with("pod-restored", "burrow", false, &[("io.burrow.restore", name)]);
+    let mut ids = Vec::new();
+    for c in ["one", "two"] {
+        let script = format!("echo new > /only-{c}; exec sleep 1000");
+        let id = cri
+            .create_container(&pod, c, &["sh", "-c", &script])
+            .unwrap_or_else(|e| panic!("CreateContainer {c}: {e}\n{}", cri.containerd.diagnostics()));
+        cri.start_container(&id);
+        ids.push(id);
+    }
+    for id in &ids {
+        assert_eq!(boot_id(cri, id), boot, "the checkpointed guest, not a new boot");
+        let e = cri.exec(id, &["cat", "/proc/1/cmdline"]);
+        assert!(e.stdout.contains("2147483647"), "the checkpointed init runs on: {e:?}");
+    }
+    let e = cri.exec(&ids[0], &["cat", "/only-one"]);
+    assert_eq!(e.stdout.trim(), "one", "{e:?}");
+    let e = cri.exec(&ids[1], &["cat", "/only-two"]);
+    assert_eq!(e.stdout.trim(), "two again", "{e:?}");
+    let e = cri.exec(&ids[1], &["cat", "/only-one"]);
+    assert_ne!(e.code, 0, "each container still sees only its own disk: {e:?}");
+    let pids = vmm_pids(cri);
+    assert_eq!(pids.len(), 1, "one VM for the restored pod: {pids:?}");
+    cri.remove_pod(&pod.id);
 }
 
 #[test]

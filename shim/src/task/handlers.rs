@@ -113,17 +113,27 @@ impl TaskService {
                 .collect(),
             stdin: !req.stdin.is_empty(),
         };
-        // containerd's checkpoint (ctr c restore), else a named one.
-        let from = if !req.checkpoint.is_empty() {
+        // A restored pod's container continues (its process runs already);
+        // else containerd's checkpoint (ctr c restore), else a named one.
+        let taken = self.sandbox().take_over_restored(&cfg).await?;
+        let from = if taken.is_some() {
+            None
+        } else if !req.checkpoint.is_empty() {
             Some(PathBuf::from(&req.checkpoint))
-        } else if let Some(name) = spec::annotation(&cfg.spec, spec::ANNOTATION_RESTORE) {
+        } else if let Some(name) = spec::restore_name(&cfg.spec) {
             Some(self.sandbox().named_checkpoint(name)?)
         } else {
             None
         };
-        let restored = from.is_some();
-        let pid = if let Some(from) = from {
-            let pid = self.sandbox().restore_container(&cfg, &from).await?;
+        let restored = from.is_some() || taken.is_some();
+        let pid = if let Some(pid) = taken {
+            pid
+        } else if let Some(from) = from {
+            self.sandbox().restore_container(&cfg, &from).await?
+        } else {
+            self.sandbox().create_container(&cfg).await?
+        };
+        if restored {
             // The restored guest counts the OOM kills from before its
             // checkpoint: those are not news to this task.
             match self.sandbox().oom_kills(&req.id).await {
@@ -132,10 +142,7 @@ impl TaskService {
                 }
                 Err(e) => tracing::warn!("{}: reading the guest's OOM kills: {e}", req.id),
             }
-            pid
-        } else {
-            self.sandbox().create_container(&cfg).await?
-        };
+        }
         let raced = {
             let mut st = self.lock();
             if st.containers.contains_key(&req.id) {

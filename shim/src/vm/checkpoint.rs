@@ -24,6 +24,14 @@ pub struct Contents {
     pub spec: serde_json::Value,
 }
 
+/// A pod's containers besides its sandbox, for its checkpoint: what the
+/// manifest says of them, and the disk in each one's slot.
+#[derive(Debug, Clone)]
+pub struct PodDisks {
+    pub manifest: snapshot::PodManifest,
+    pub disks: Vec<(u32, PathBuf)>,
+}
+
 /// A [`sparse`] packer: source, destination, bytes written.
 type PackJob = fn(&Path, &Path) -> std::io::Result<u64>;
 
@@ -49,7 +57,13 @@ async fn sparse_job<T: Send + 'static>(
 
 /// The manifest of a snapshot of `c` in `vm` (a hibernation link's name,
 /// or None for a checkpoint's `vm/`).
-fn manifest(c: &Contents, info: VmInfo, vm: Option<String>, packed: bool) -> snapshot::Manifest {
+fn manifest(
+    c: &Contents,
+    info: VmInfo,
+    vm: Option<String>,
+    packed: bool,
+    pod: Option<&PodDisks>,
+) -> snapshot::Manifest {
     snapshot::Manifest {
         kind: snapshot::KIND.into(),
         format_version: snapshot::FORMAT_VERSION,
@@ -64,16 +78,18 @@ fn manifest(c: &Contents, info: VmInfo, vm: Option<String>, packed: bool) -> sna
         spec: c.spec.clone(),
         vm,
         packed,
+        pod: pod.map(|p| p.manifest.clone()),
     }
 }
 
 /// Complete a checkpoint in `dir` whose VM snapshot is in `dir/vm` (the VM
 /// is still paused, so the disk matches): the disk and the manifest;
 /// `packed` (for containerd) stores the memory file and the disk as
-/// [`sparse`] packs.
+/// [`sparse`] packs. A pod's (`pod`, never packed) carries each member's
+/// disk too.
 pub async fn complete(
     dir: &Path,
-    c: &Contents,
+    (c, pod): (&Contents, Option<&PodDisks>),
     info: VmInfo,
     packed: bool,
     key: &[u8],
@@ -101,8 +117,11 @@ pub async fn complete(
             .map_err(|e| SandboxError::Internal(format!("removing {}: {e}", memory.display())))?;
     } else {
         snapshot::copy_disk(&c.rootfs.disk, &dir.join(snapshot::ROOTFS)).await?;
+        for (slot, disk) in pod.iter().flat_map(|p| p.disks.iter()) {
+            snapshot::copy_disk(disk, &dir.join(snapshot::slot_disk(*slot))).await?;
+        }
     }
-    let m = snapshot::write_manifest(dir, &manifest(c, info, None, packed))?;
+    let m = snapshot::write_manifest(dir, &manifest(c, info, None, packed, pod))?;
     let state_path = vm_dir.join(snapshot::STATE_FILE);
     let state = std::fs::read(&state_path)
         .map_err(|e| SandboxError::io(format_args!("reading {}", state_path.display()), &e))?;
@@ -119,13 +138,17 @@ pub async fn complete(
 
 /// Remove what a failed checkpoint left in `dir`.
 pub fn remove_partial(dir: &Path) {
+    let slots = (0..=u32::try_from(snapshot::MAX_POD_MEMBERS).unwrap_or(0)).map(snapshot::slot_disk);
     for name in [
         snapshot::VM_DIR.to_string(),
         snapshot::ROOTFS.to_string(),
         snapshot::packed(snapshot::ROOTFS),
         snapshot::MANIFEST.to_string(),
         signing::SIG_FILE.to_string(),
-    ] {
+    ]
+    .into_iter()
+    .chain(slots)
+    {
         let p = dir.join(name);
         let _ = std::fs::remove_dir_all(&p).or_else(|_| std::fs::remove_file(&p));
     }
@@ -134,7 +157,7 @@ pub fn remove_partial(dir: &Path) {
 /// The manifest of hibernation link `link` in `dir` (the link itself is
 /// the VM snapshot; the disk stays where it is).
 pub fn complete_hibernation(dir: &Path, c: &Contents, info: VmInfo, link: String) -> Result<()> {
-    snapshot::write_manifest(dir, &manifest(c, info, Some(link), false)).map(drop)
+    snapshot::write_manifest(dir, &manifest(c, info, Some(link), false, None)).map(drop)
 }
 
 /// What a restore hands burrow-vmm: the VM snapshot directory, and for a

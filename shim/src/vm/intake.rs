@@ -63,6 +63,8 @@ pub struct Intake {
     pub state: Member,
     pub memory: Member,
     pub disk: Member,
+    /// A pod's checkpoint: each member's disk, by its slot.
+    pub slots: Vec<(u32, Member)>,
 }
 
 /// Where a checkpoint comes from.
@@ -186,10 +188,21 @@ pub fn take(dir: &Path, m: &Manifest, cfg: &Config, origin: Origin) -> Result<In
         (snapshot::MEMORY.to_string(), snapshot::ROOTFS.to_string())
     };
     let vm = snapshot::VM_DIR;
+    let mut slots = Vec::new();
+    if let Some(pod) = &m.pod {
+        if m.packed {
+            return Err(bad(dir, "a pod's checkpoint is never packed".into()));
+        }
+        pod.check().map_err(|why| bad(dir, why))?;
+        for p in &pod.members {
+            slots.push((p.slot, open_beneath(&base, dir, &snapshot::slot_disk(p.slot), MAX_DISK)?));
+        }
+    }
     Ok(Intake {
         state: open_beneath(&base, dir, &format!("{vm}/{}", snapshot::STATE_FILE), MAX_STATE)?,
         memory: open_beneath(&base, dir, &format!("{vm}/{memory}"), memory_bytes + PACK_SLACK)?,
         disk: open_beneath(&base, dir, &disk, MAX_DISK)?,
+        slots,
     })
 }
 
@@ -211,6 +224,7 @@ mod tests {
             spec: serde_json::json!({}),
             vm: None,
             packed,
+            pod: None,
         }
     }
 

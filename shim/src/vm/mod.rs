@@ -37,6 +37,7 @@ pub mod net;
 pub mod netcheck;
 pub mod netns;
 pub mod pod;
+pub mod pod_checkpoint;
 pub mod rootfs;
 pub mod signing;
 pub mod snapshot;
@@ -98,6 +99,8 @@ pub struct VmSandbox {
     containers: std::sync::Mutex<HashMap<String, Contents>>,
     /// A pod's block slots and the containers in them.
     slots: pod::Slots,
+    /// A restored pod's members that no container has taken over yet.
+    restored_members: std::sync::Mutex<Vec<pod_checkpoint::Waiting>>,
     /// Last exec, stdio traffic or RPC (for hibernate-on-idle).
     last_activity: std::sync::Mutex<Instant>,
     /// Work in flight that keeps it from hibernating on idle: exec'd
@@ -209,6 +212,7 @@ impl VmSandbox {
             net: tokio::sync::Mutex::new(None),
             containers: std::sync::Mutex::new(HashMap::new()),
             slots: pod::Slots::default(),
+            restored_members: std::sync::Mutex::new(Vec::new()),
             last_activity: std::sync::Mutex::new(Instant::now()),
             busy: std::sync::atomic::AtomicUsize::new(0),
             vmm_uid: std::sync::Mutex::new(None),
@@ -266,26 +270,6 @@ impl VmSandbox {
         r.iter()
             .min_by(|a, b| a.0.cmp(b.0))
             .map(|(_, c)| c.clone())
-            .ok_or_else(|| SandboxError::FailedPrecondition("the sandbox has no container".into()))
-    }
-
-    /// The one container whose disk a checkpoint carries. A pod's VM with
-    /// more than one is refused: its checkpoint would hold one member's
-    /// disk and restore a VM whose other containers lost theirs.
-    fn the_container(&self) -> Result<Contents> {
-        let r = self.registry();
-        if r.len() > 1 {
-            let mut ids: Vec<&str> = r.keys().map(String::as_str).collect();
-            ids.sort_unstable();
-            return Err(SandboxError::FailedPrecondition(format!(
-                "this VM runs a pod of {} containers ({}): a checkpoint carries one container's disk, so a pod cannot be checkpointed yet (hibernation keeps the whole pod)",
-                ids.len(),
-                ids.join(", ")
-            )));
-        }
-        r.values()
-            .next()
-            .cloned()
             .ok_or_else(|| SandboxError::FailedPrecondition("the sandbox has no container".into()))
     }
 
@@ -532,6 +516,7 @@ impl VmSandbox {
 
     async fn restore_inner(&self, cfg: &Config, c: &ContainerConfig, dir: &Path) -> Result<u32> {
         let (manifest, manifest_bytes) = snapshot::read_manifest_bytes(dir)?;
+        Self::check_restore_role(c, &manifest)?;
         // One the shim wrote under its snapshot dir (named), else containerd's.
         let origin = if dir.starts_with(&cfg.snapshot_dir) {
             intake::Origin::Named
@@ -561,6 +546,12 @@ impl VmSandbox {
         } else {
             files.disk.size()
         };
+        // A pod's members' disks are copied too.
+        let disk_size = files
+            .slots
+            .iter()
+            .map(|(_, f)| f.size())
+            .fold(disk_size, u64::saturating_add);
         // A packed checkpoint's memory is unpacked beside the images until
         // the VM runs, unless it is mapped in place (page-aligned).
         let in_place = checkpoint::maps_in_place(&manifest, &files)?;
@@ -604,14 +595,37 @@ impl VmSandbox {
                     return Err(e);
                 }
             };
+        // A pod's: its members' disks back in their slots (and the
+        // sandbox's, when a template put it in one).
+        let in_slots = match &manifest.pod {
+            Some(pod) => match self.restore_pod_disks(pod, &files, (&c.id, &img)).await {
+                Ok(d) => d,
+                Err(e) => {
+                    self.forget_waiting();
+                    let _ = std::fs::remove_dir_all(&unpacked);
+                    return Err(e);
+                }
+            },
+            None => Vec::new(),
+        };
+        let boot_disk = match &manifest.pod {
+            Some(pod) if pod.sandbox_slot.is_some() => None,
+            _ => Some((img, manifest.rootfs_read_only)),
+        };
         let disk_ms = started.elapsed().as_millis();
         let mut args = self.vmm_args(
             cfg,
-            Some((img, manifest.rootfs_read_only)),
+            boot_disk,
             (manifest.vcpus, manifest.memory_mib),
             Some(prepared.vm_dir),
             &c.spec,
         )?;
+        // Given paths replace the VM's disks, then its filled slots' in slot
+        // order.
+        args.args.disks.extend(in_slots.into_iter().map(|path| vmm::DiskArg {
+            path,
+            read_only: false,
+        }));
         // Held open here until the VM runs; the VMM inherits its own copy.
         let packed_memory = prepared.packed_memory;
         args.args.packed_memory_fd = packed_memory
@@ -679,7 +693,7 @@ impl VmSandbox {
         packed: bool,
     ) -> Result<()> {
         let r = async {
-            let c = self.the_container()?;
+            let (c, pod) = self.checkpointed(packed)?;
             let key = signing::host_key(&self.cfg()?.checkpoint_key)?;
             // What it writes at most: the memory (and its pack), the disk.
             let memory = self.vm.awake().await?.memory_mib << 20;
@@ -688,11 +702,15 @@ impl VmSandbox {
             } else {
                 memory
             };
-            let disk = disk_budget::allocated(&c.rootfs.disk);
+            let disk = pod
+                .iter()
+                .flat_map(|p| p.disks.iter())
+                .map(|(_, d)| disk_budget::allocated(d))
+                .fold(disk_budget::allocated(&c.rootfs.disk), u64::saturating_add);
             self.check_disk("a checkpoint", memory.saturating_add(disk))?;
             self.vm
                 .checkpoint(&snapshot::vm_dir(dir), after, |info| {
-                    checkpoint::complete(dir, &c, info, packed, &key)
+                    checkpoint::complete(dir, (&c, pod.as_ref()), info, packed, &key)
                 })
                 .await
         }
@@ -750,6 +768,10 @@ impl Sandbox for VmSandbox {
 
     fn named_checkpoint(&self, name: &str) -> Result<PathBuf> {
         self.named_checkpoint_dir(name)
+    }
+
+    async fn take_over_restored(&self, c: &ContainerConfig) -> Result<Option<u32>> {
+        self.take_over_waiting(c).await
     }
 
     async fn checkpoint(&self, dir: &Path, after: AfterCheckpoint) -> Result<()> {

@@ -29,8 +29,7 @@ use crate::config::Config;
 use crate::sandbox::{ContainerConfig, Result, SandboxError};
 use crate::spec;
 
-/// The annotation CRI puts on every container: `sandbox` or `container`.
-pub const CRI_CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
+pub use crate::spec::CRI_CONTAINER_TYPE;
 /// How long one attach or detach may take.
 const SLOT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -96,6 +95,26 @@ impl Slots {
             *o = Some(id.to_string());
         }
         u32::try_from(free).map_err(|_| SandboxError::Internal("slot number".into()))
+    }
+
+    /// The slot container `id` holds.
+    pub fn of(&self, id: &str) -> Option<u32> {
+        let owners = self.lock();
+        let n = owners.iter().position(|o| o.as_deref() == Some(id))?;
+        u32::try_from(n).ok()
+    }
+
+    /// How many slots the VM has.
+    pub fn count(&self) -> u32 {
+        u32::try_from(self.lock().len()).unwrap_or(u32::MAX)
+    }
+
+    /// Record that `owner` holds slot `n` (a restored VM's).
+    pub fn assign(&self, n: u32, owner: &str) {
+        let mut owners = self.lock();
+        if let Some(o) = usize::try_from(n).ok().and_then(|i| owners.get_mut(i)) {
+            *o = Some(owner.to_string());
+        }
     }
 
     /// Free container `id`'s slot; returns its number.

@@ -38,8 +38,12 @@ pub use burrow_vmm_api::layout::{
 };
 /// Format version this shim writes and reads.
 pub const FORMAT_VERSION: u32 = 1;
-/// Largest manifest read (the spec is bounded by MAX_SPEC_BYTES, plus room).
-pub const MAX_MANIFEST: u64 = 2 * 1024 * 1024;
+/// Most containers a pod's checkpoint carries besides its sandbox (the
+/// config's `pod_disk_slots` is at most 16).
+pub const MAX_POD_MEMBERS: usize = 16;
+/// Largest manifest read: a spec each for the sandbox and its members
+/// (each bounded by MAX_SPEC_BYTES), plus room.
+pub const MAX_MANIFEST: u64 = (MAX_POD_MEMBERS as u64 + 2) * burrow_protocol::MAX_SPEC_BYTES as u64;
 /// What `kind` says, so a stray directory is not mistaken for a checkpoint.
 pub const KIND: &str = "burrow-checkpoint";
 
@@ -68,6 +72,77 @@ pub struct Manifest {
     /// The memory file and the disk are packed (`*.packed`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub packed: bool,
+    /// A CRI pod's checkpoint: the VM's block slots and the pod's other
+    /// containers. The fields above describe its sandbox container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodManifest>,
+}
+
+/// What a pod's checkpoint holds beyond its sandbox container: a named
+/// checkpoint of the whole VM, every container's disk beside it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PodManifest {
+    /// The VM's block slots (a template-born VM's sandbox is in slot 0).
+    pub slots: u32,
+    /// The slot of the sandbox container's disk; none: it is the VM's
+    /// first disk (a cold-booted pod).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_slot: Option<u32>,
+    pub members: Vec<PodMember>,
+}
+
+/// One container of a pod's checkpoint, besides its sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PodMember {
+    /// The id the guest knows it by.
+    pub guest_id: String,
+    /// Its CRI name (`io.kubernetes.cri.container-name`): a container of
+    /// that name in the restored pod continues it.
+    pub name: String,
+    /// The block slot its disk is in; the disk is [`slot_disk`] of it.
+    pub slot: u32,
+    pub rootfs_fstype: String,
+    pub rootfs_read_only: bool,
+    /// Its spec as the guest got it.
+    pub spec: serde_json::Value,
+}
+
+/// The file of a pod checkpoint's disk in slot `n` (named by the number,
+/// never by anything a manifest says).
+pub fn slot_disk(n: u32) -> String {
+    format!("slot-{n}.img")
+}
+
+impl PodManifest {
+    /// Check what a restore relies on: slot numbers within the VM's, each
+    /// used once, plain ids and names, at most [`MAX_POD_MEMBERS`].
+    pub fn check(&self) -> std::result::Result<(), String> {
+        let max_slots = u32::try_from(MAX_POD_MEMBERS).unwrap_or(u32::MAX).saturating_add(1);
+        if self.slots == 0 || self.slots > max_slots {
+            return Err(format!("{} block slots (1 to {max_slots})", self.slots));
+        }
+        if self.members.len() > MAX_POD_MEMBERS {
+            return Err(format!("{} pod members (at most {MAX_POD_MEMBERS})", self.members.len()));
+        }
+        let mut used = vec![false; usize::try_from(self.slots).unwrap_or(0)];
+        let slots = self.sandbox_slot.iter().copied().chain(self.members.iter().map(|m| m.slot));
+        for n in slots {
+            match usize::try_from(n).ok().and_then(|i| used.get_mut(i)) {
+                Some(u) if !*u => *u = true,
+                Some(_) => return Err(format!("slot {n} is given twice")),
+                None => return Err(format!("slot {n} is beyond the VM's {}", self.slots)),
+            }
+        }
+        for m in &self.members {
+            if m.guest_id.is_empty() || m.guest_id.len() > burrow_protocol::MAX_ID_LEN {
+                return Err("a member has a bad container id".into());
+            }
+            if m.name.is_empty() || m.name.len() > burrow_protocol::MAX_ID_LEN {
+                return Err(format!("member {} has a bad name", m.guest_id));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// `name` with the packed suffix.
@@ -162,6 +237,13 @@ fn read_manifest_inner(dir: &Path, with_rootfs: bool) -> Result<(Manifest, Vec<u
     if with_rootfs {
         need.push(dir.join(name(ROOTFS)));
     }
+    if let Some(pod) = &m.pod {
+        if m.packed {
+            return Err(bad("a pod's checkpoint is never packed".into()));
+        }
+        pod.check().map_err(bad)?;
+        need.extend(pod.members.iter().map(|p| dir.join(slot_disk(p.slot))));
+    }
     // Only that they are there: what they are (a symlink, a FIFO) is for
     // the intake to refuse, by name (`is_file` would follow a symlink and
     // call a FIFO missing).
@@ -221,6 +303,7 @@ mod tests {
             spec: serde_json::json!({"ociVersion": "1.0.2"}),
             vm: None,
             packed: false,
+            pod: None,
         }
     }
 
@@ -311,5 +394,63 @@ mod tests {
         let e = read_manifest(d.path()).unwrap_err();
         assert!(e.to_string().contains("not a regular file"), "{e}");
         assert!(start.elapsed() < std::time::Duration::from_secs(1));
+    }
+
+    fn pod_member(slot: u32) -> PodMember {
+        PodMember {
+            guest_id: format!("c{slot}"),
+            name: format!("app{slot}"),
+            slot,
+            rootfs_fstype: "ext4".into(),
+            rootfs_read_only: false,
+            spec: serde_json::json!({}),
+        }
+    }
+
+    #[test]
+    fn a_pods_manifest_needs_each_members_disk_and_sane_slots() {
+        let d = tempfile::tempdir().unwrap();
+        let mut m = sample();
+        m.pod = Some(PodManifest {
+            slots: 9,
+            sandbox_slot: Some(0),
+            members: vec![pod_member(1), pod_member(3)],
+        });
+        write_manifest(d.path(), &m).unwrap();
+        populate(d.path());
+        let e = read_manifest(d.path()).unwrap_err();
+        assert!(e.to_string().contains("slot-1.img is missing"), "{e}");
+        std::fs::write(d.path().join(slot_disk(1)), b"d").unwrap();
+        std::fs::write(d.path().join(slot_disk(3)), b"d").unwrap();
+        assert_eq!(read_manifest(d.path()).unwrap(), m);
+        let bad = [
+            (PodManifest { slots: 9, sandbox_slot: Some(1), members: vec![pod_member(1)] }, "slot 1 is given twice"),
+            (PodManifest { slots: 2, sandbox_slot: None, members: vec![pod_member(2)] }, "beyond the VM's 2"),
+            (PodManifest { slots: 0, sandbox_slot: None, members: vec![] }, "0 block slots"),
+            (PodManifest { slots: 99, sandbox_slot: None, members: vec![] }, "99 block slots"),
+            (
+                PodManifest { slots: 17, sandbox_slot: None, members: (0..17).map(pod_member).collect() },
+                "17 pod members",
+            ),
+            (
+                PodManifest {
+                    slots: 9,
+                    sandbox_slot: None,
+                    members: vec![PodMember { name: String::new(), ..pod_member(1) }],
+                },
+                "bad name",
+            ),
+        ];
+        for (pod, want) in bad {
+            m.pod = Some(pod);
+            write_manifest(d.path(), &m).unwrap();
+            let e = read_manifest(d.path()).unwrap_err();
+            assert!(e.to_string().contains(want), "{want}: {e}");
+        }
+        m.pod = Some(PodManifest { slots: 9, sandbox_slot: None, members: vec![] });
+        m.packed = true;
+        write_manifest(d.path(), &m).unwrap();
+        let e = read_manifest(d.path()).unwrap_err();
+        assert!(e.to_string().contains("never packed"), "{e}");
     }
 }

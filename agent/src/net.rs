@@ -3,12 +3,16 @@
 //! interface: its MAC, MTU, addresses and routes), over rtnetlink.
 //! Without `burrow.net` the guest has loopback only, until the shim sends
 //! the same configuration over `ConfigureNetwork` ([`configure_nic`]):
-//! CNI filled the sandbox's namespace after the VM booted (`ctr run --cni`).
+//! CNI filled the sandbox's namespace after the VM booted (`ctr run --cni`),
+//! or the guest was restored (from a template, or from a checkpoint into a
+//! namespace that may not be the one it was taken in: addresses the new
+//! configuration does not list are removed).
 
 use std::net::IpAddr;
 
-use burrow_protocol::net::{GuestNet, Route};
+use burrow_protocol::net::{Cidr, GuestNet, Route};
 use futures::TryStreamExt;
+use rtnetlink::packet_route::address::AddressAttribute;
 use rtnetlink::packet_route::link::{LinkAttribute, LinkMessage};
 use rtnetlink::packet_route::route::RouteScope;
 use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
@@ -42,17 +46,16 @@ pub async fn configure_nic(nic: [u8; 6], net: &GuestNet) -> anyhow::Result<()> {
     let (conn, handle, _) = rtnetlink::new_connection()?;
     let task = tokio::spawn(conn);
     let r = async {
-        // The NIC asked for, else one already given the config's MAC (the
-        // same lookup when the caller named that MAC, so not twice).
-        let found = match find_by_mac(&handle, nic).await? {
-            Some(l) => Some(l),
-            None if net.mac != nic => find_by_mac(&handle, net.mac).await?,
-            None => None,
-        };
-        let link = match found {
+        // Already given this MAC (a guest restored into the namespace it
+        // was checkpointed in, or the call sent again): no blip of the link.
+        if find_by_mac(&handle, net.mac).await?.is_some() {
+            return apply(&handle, net).await;
+        }
+        let link = match find_by_mac(&handle, nic).await? {
             Some(l) => l,
-            // A guest restored from a template has the template's MAC:
-            // a burrow VM has one NIC at most.
+            // A guest restored from a template has the template's MAC,
+            // one from a checkpoint its first namespace's: a burrow VM
+            // has one NIC at most.
             None => only_nic(&handle)
                 .await?
                 .ok_or_else(|| anyhow::anyhow!("no network interface has MAC {nic:02x?}"))?,
@@ -93,6 +96,7 @@ async fn apply(handle: &Handle, net: &GuestNet) -> anyhow::Result<()> {
         .execute()
         .await
         .map_err(|e| anyhow::anyhow!("setting link {index} up with MTU {}: {e}", net.mtu))?;
+    drop_stale_addresses(handle, index, &net.addrs).await?;
     for a in &net.addrs {
         handle
             .address()
@@ -117,6 +121,40 @@ async fn apply(handle: &Handle, net: &GuestNet) -> anyhow::Result<()> {
         net.addrs.len(),
         net.routes.len()
     );
+    Ok(())
+}
+
+/// Remove link `index`'s addresses that `keep` does not list: a guest
+/// restored into another namespace than the one it was checkpointed in
+/// must not answer for the old one's address (another pod may have it now).
+/// IPv6 link-local addresses are the kernel's own and stay.
+async fn drop_stale_addresses(handle: &Handle, index: u32, keep: &[Cidr]) -> anyhow::Result<()> {
+    let mut stale = Vec::new();
+    let mut addrs = handle.address().get().set_link_index_filter(index).execute();
+    while let Some(m) = addrs.try_next().await? {
+        let Some(ip) = m.attributes.iter().find_map(|a| match a {
+            AddressAttribute::Address(ip) | AddressAttribute::Local(ip) => Some(*ip),
+            _ => None,
+        }) else {
+            continue;
+        };
+        let link_local = matches!(ip, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80);
+        let kept = keep
+            .iter()
+            .any(|c| c.ip == ip && c.prefix == m.header.prefix_len);
+        if m.header.index == index && !link_local && !kept {
+            stale.push((ip, m));
+        }
+    }
+    for (ip, m) in stale {
+        handle
+            .address()
+            .del(m)
+            .execute()
+            .await
+            .map_err(|e| anyhow::anyhow!("removing the old address {ip}: {e}"))?;
+        tracing::info!("network: removed old address {ip} from link {index}");
+    }
     Ok(())
 }
 

@@ -879,11 +879,54 @@ fn a_tcp_connection_from_the_test_host_survives_hibernation_checkpoint_and_resto
         "three",
         "after checkpoint and restore"
     );
-
     drop(conn);
+
+    // Checkpointed by name and restored into another namespace: the guest
+    // takes that namespace's address and routes, keeps none of the first
+    // one's, and reaches the test host from there.
+    let ns2 = CniNetns::add("burrow-nettcp2", 67);
+    let named = c.burrow(&["sandbox", "checkpoint", "--state-dir", &state_dir, "t-tcp2", "moved"]);
+    assert_eq!(named.code, Some(0), "checkpoint: {named:?}\n{}", c.diagnostics());
     kill_and_remove(&c, "t-tcp2");
+    let www = c.dir.join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    std::fs::write(www.join("small"), "small\n").unwrap();
+    let _server = serve(&www, 8081);
+    let with_ns2 = format!("network:{}", ns2.path());
+    let r = c.ctr(&[
+        "run",
+        "-d",
+        "--runtime",
+        RUNTIME,
+        "--with-ns",
+        &with_ns2,
+        "--annotation",
+        "io.burrow.restore=moved",
+        IMAGE,
+        "t-tcp3",
+        "true",
+    ]);
+    assert_eq!(r.code, Some(0), "restore into {}: {r:?}\n{}", ns2.name, c.diagnostics());
+    c.wait_status("t-tcp3", "RUNNING", LONG);
+    assert_cni_address(&c, "t-tcp3", &ns2);
+    let addrs = c.exec_ok("t-tcp3", "addrs", &["ip", "-o", "-4", "addr", "show", "dev", "eth0"]);
+    assert!(
+        !addrs.contains(&format!("inet {}/", ns.ip)),
+        "the first namespace's address {} is gone: {addrs}",
+        ns.ip
+    );
+    let url = format!("http://{}:8081/small", ns2.gateway);
+    assert!(
+        fetch(&c, "t-tcp3", "f1", &url, "120"),
+        "the restored guest reaches {url} from its new address\n{}",
+        ns_state(&ns2)
+    );
+
+    kill_and_remove(&c, "t-tcp3");
+    std::fs::remove_dir_all(c.snapshot_dir().join(".checkpoints").join("moved")).unwrap();
     c.assert_clean(CLEAN);
     assert_namespace_clean(&ns);
+    assert_namespace_clean(&ns2);
 }
 
 /// Bytes the guest's NIC has handed the tap so far (the tap's rx).

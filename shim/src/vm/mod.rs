@@ -652,8 +652,12 @@ impl VmSandbox {
         let r = self
             .vm
             .start(args, |agent| async move {
-                // Every copy of one checkpoint (a fork) is its own guest.
+                // Every copy of one checkpoint (a fork) is its own guest,
+                // with the address of the namespace it is restored into
+                // (the same one again, or another: then the old address
+                // goes).
                 template::identity(&agent, &host, generation).await?;
+                self.configure_restored_network(&agent).await?;
                 let procs = agent.processes(guest_id).await?;
                 procs
                     .iter()

@@ -879,11 +879,12 @@ fn a_tcp_connection_from_the_test_host_survives_hibernation_checkpoint_and_resto
         "three",
         "after checkpoint and restore"
     );
-    drop(conn);
 
     // Checkpointed by name and restored into another namespace: the guest
     // takes that namespace's address and routes, keeps none of the first
-    // one's, and reaches the test host from there.
+    // one's, and reaches the test host from there. (The connection stays
+    // open until the end: closed, its `nc` and so the container would
+    // end.)
     let ns2 = CniNetns::add("burrow-nettcp2", 67);
     let named = c.burrow(&["sandbox", "checkpoint", "--state-dir", &state_dir, "t-tcp2", "moved"]);
     assert_eq!(named.code, Some(0), "checkpoint: {named:?}\n{}", c.diagnostics());
@@ -922,6 +923,7 @@ fn a_tcp_connection_from_the_test_host_survives_hibernation_checkpoint_and_resto
         ns_state(&ns2)
     );
 
+    drop(conn);
     kill_and_remove(&c, "t-tcp3");
     std::fs::remove_dir_all(c.snapshot_dir().join(".checkpoints").join("moved")).unwrap();
     c.assert_clean(CLEAN);

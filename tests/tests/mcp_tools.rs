@@ -7,6 +7,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+use std::path::Path;
 use std::time::Duration;
 
 use base64::Engine;
@@ -689,10 +690,50 @@ fn mcp_browser_tools_on_a_sandbox_that_asked_for_a_browser() {
     let r = c.burrow(&["browse", BROWSER_ID, "--text"]);
     assert!(r.stdout.contains("[1] button \"Press\""), "{r:?}");
 
-    for id in [BROWSER_ID, second] {
+    let third = restored_browser_sandbox(&c, &flags, second, &image);
+
+    for id in [BROWSER_ID, second, &third] {
         c.ctr(&["task", "kill", "-s", "SIGKILL", id]);
         c.wait_status(id, "STOPPED", LONG);
         c.ctr(&["task", "delete", id]);
         c.ctr(&["containers", "rm", id]);
     }
+}
+
+/// A named checkpoint of browser sandbox `source` (a template-born VM: its
+/// rootfs in a block slot, the browser image its disk) restored as a new
+/// sandbox: each disk comes back where it was. The restored guest reads
+/// the file written before the checkpoint, its browser shows the page it
+/// had and works on, and its writes go to its own disk, never into the
+/// shared browser image (`image`, unchanged). Returns the new id.
+fn restored_browser_sandbox(c: &Containerd, flags: &[&str], source: &str, image: &Path) -> String {
+    c.exec_ok(source, "mark", &["sh", "-c", "echo before-checkpoint > /root-mark"]);
+    let before = std::fs::metadata(image).unwrap();
+    let state = c.burrow_state().display().to_string();
+    let r = c.burrow(&["sandbox", "checkpoint", "--state-dir", &state, source, "browser-cp"]);
+    assert_eq!(r.code, Some(0), "{r:?}\n{}", c.diagnostics());
+    let restored = "t-mcp-browser-3";
+    let restore = "io.burrow.restore=browser-cp";
+    let mut with_restore = flags.to_vec();
+    with_restore.extend(["--annotation", restore]);
+    let r = c.ctr(&Containerd::run_args(&with_restore, restored, &["sleep", "100000"]));
+    assert_eq!(r.code, Some(0), "{r:?}\n{}", c.diagnostics());
+    c.wait_status(restored, "RUNNING", LONG);
+    let mark = c.exec_ok(restored, "read", &["cat", "/root-mark"]);
+    assert_eq!(mark.trim(), "before-checkpoint");
+    c.exec_ok(restored, "write", &["sh", "-c", "head -c 1048576 /dev/urandom > /after && sync"]);
+    let r = c.burrow(&["browse", restored, "--text"]);
+    assert!(r.stdout.contains("title: second\n"), "the page it had: {r:?}");
+    let page = "data:text/html,<title>third</title><button>restored</button>";
+    let r = c.burrow(&["browse", restored, page, "--text", "--timeout", "300"]);
+    assert!(r.stdout.contains("[1] button \"restored\""), "{r:?}\n{}", c.diagnostics());
+    let after = std::fs::metadata(image).unwrap();
+    assert_eq!(
+        (after.len(), after.modified().unwrap()),
+        (before.len(), before.modified().unwrap()),
+        "the shared browser image {} was written",
+        image.display()
+    );
+    std::fs::remove_dir_all(c.snapshot_dir().join(".checkpoints").join("browser-cp")).unwrap();
+    restored.to_string()
 }

@@ -882,17 +882,19 @@ fn a_tcp_connection_from_the_test_host_survives_hibernation_checkpoint_and_resto
 
     // Checkpointed by name and restored into another namespace: the guest
     // takes that namespace's address and routes, keeps none of the first
-    // one's, and reaches the test host from there. (The connection stays
-    // open until the end: closed, its `nc` and so the container would
-    // end.)
-    let ns2 = CniNetns::add("burrow-nettcp2", 67);
+    // one's, and reaches a server elsewhere from there (not the test host:
+    // the node's own addresses are closed to a guest). (The connection
+    // stays open until the end: closed, its `nc` and so the container
+    // would end.)
+    let ns2 = CniNetns::add("burrow-nettcp2", 70);
+    let remote = Remote::add("burrow-rnettcp", 70);
     let named = c.burrow(&["sandbox", "checkpoint", "--state-dir", &state_dir, "t-tcp2", "moved"]);
     assert_eq!(named.code, Some(0), "checkpoint: {named:?}\n{}", c.diagnostics());
     kill_and_remove(&c, "t-tcp2");
     let www = c.dir.join("www");
     std::fs::create_dir_all(&www).unwrap();
     std::fs::write(www.join("small"), "small\n").unwrap();
-    let _server = serve(&www, 8081);
+    let _server = remote.serve(&www, 8081);
     let with_ns2 = format!("network:{}", ns2.path());
     let r = c.ctr(&[
         "run",
@@ -916,7 +918,7 @@ fn a_tcp_connection_from_the_test_host_survives_hibernation_checkpoint_and_resto
         "the first namespace's address {} is gone: {addrs}",
         ns.ip
     );
-    let url = format!("http://{}:8081/small", ns2.gateway);
+    let url = format!("http://{}:8081/small", remote.ip);
     assert!(
         fetch(&c, "t-tcp3", "f1", &url, "120"),
         "the restored guest reaches {url} from its new address\n{}",

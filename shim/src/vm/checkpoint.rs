@@ -24,6 +24,16 @@ pub struct Contents {
     pub spec: serde_json::Value,
 }
 
+/// What a checkpoint carries: the container the manifest describes (a
+/// pod's sandbox), the slot its disk is in (a template-born VM's), and a
+/// pod's other containers.
+#[derive(Debug, Clone)]
+pub struct Carried {
+    pub container: Contents,
+    pub slot: Option<u32>,
+    pub pod: Option<PodDisks>,
+}
+
 /// A pod's containers besides its sandbox, for its checkpoint: what the
 /// manifest says of them, and the disk in each one's slot.
 #[derive(Debug, Clone)]
@@ -62,7 +72,7 @@ fn manifest(
     info: VmInfo,
     vm: Option<String>,
     packed: bool,
-    pod: Option<&PodDisks>,
+    (rootfs_slot, pod): (Option<u32>, Option<&PodDisks>),
 ) -> snapshot::Manifest {
     snapshot::Manifest {
         kind: snapshot::KIND.into(),
@@ -78,6 +88,7 @@ fn manifest(
         spec: c.spec.clone(),
         vm,
         packed,
+        rootfs_slot,
         pod: pod.map(|p| p.manifest.clone()),
     }
 }
@@ -89,11 +100,12 @@ fn manifest(
 /// disk too.
 pub async fn complete(
     dir: &Path,
-    (c, pod): (&Contents, Option<&PodDisks>),
+    carried: &Carried,
     info: VmInfo,
     packed: bool,
     key: &[u8],
 ) -> Result<()> {
+    let (c, pod) = (&carried.container, carried.pod.as_ref());
     let vm_dir = snapshot::vm_dir(dir);
     if packed {
         let memory = vm_dir.join(snapshot::MEMORY);
@@ -121,7 +133,7 @@ pub async fn complete(
             snapshot::copy_disk(disk, &dir.join(snapshot::slot_disk(*slot))).await?;
         }
     }
-    let m = snapshot::write_manifest(dir, &manifest(c, info, None, packed, pod))?;
+    let m = snapshot::write_manifest(dir, &manifest(c, info, None, packed, (carried.slot, pod)))?;
     let state_path = vm_dir.join(snapshot::STATE_FILE);
     let state = std::fs::read(&state_path)
         .map_err(|e| SandboxError::io(format_args!("reading {}", state_path.display()), &e))?;
@@ -157,7 +169,7 @@ pub fn remove_partial(dir: &Path) {
 /// The manifest of hibernation link `link` in `dir` (the link itself is
 /// the VM snapshot; the disk stays where it is).
 pub fn complete_hibernation(dir: &Path, c: &Contents, info: VmInfo, link: String) -> Result<()> {
-    snapshot::write_manifest(dir, &manifest(c, info, Some(link), false, None)).map(drop)
+    snapshot::write_manifest(dir, &manifest(c, info, Some(link), false, (None, None))).map(drop)
 }
 
 /// What a restore hands burrow-vmm: the VM snapshot directory, and for a

@@ -193,7 +193,7 @@ pub fn take(dir: &Path, m: &Manifest, cfg: &Config, origin: Origin) -> Result<In
         if m.packed {
             return Err(bad(dir, "a pod's checkpoint is never packed".into()));
         }
-        pod.check().map_err(|why| bad(dir, why))?;
+        pod.check(m.rootfs_slot).map_err(|why| bad(dir, why))?;
         for p in &pod.members {
             slots.push((p.slot, open_beneath(&base, dir, &snapshot::slot_disk(p.slot), MAX_DISK)?));
         }
@@ -224,6 +224,7 @@ mod tests {
             spec: serde_json::json!({}),
             vm: None,
             packed,
+            rootfs_slot: None,
             pod: None,
         }
     }

@@ -596,21 +596,31 @@ impl VmSandbox {
                 }
             };
         // A pod's: its members' disks back in their slots (and the
-        // sandbox's, when a template put it in one).
+        // sandbox's, when a template put it in one); a template-born VM's
+        // one container's disk goes back into its slot too.
         let in_slots = match &manifest.pod {
-            Some(pod) => match self.restore_pod_disks(pod, &files, (&c.id, &img)).await {
-                Ok(d) => d,
-                Err(e) => {
-                    self.forget_waiting();
-                    let _ = std::fs::remove_dir_all(&unpacked);
-                    return Err(e);
+            Some(pod) => {
+                match self
+                    .restore_pod_disks((pod, manifest.rootfs_slot), &files, (&c.id, &img))
+                    .await
+                {
+                    Ok(d) => d,
+                    Err(e) => {
+                        self.forget_waiting();
+                        let _ = std::fs::remove_dir_all(&unpacked);
+                        return Err(e);
+                    }
                 }
-            },
+            }
+            None if manifest.rootfs_slot.is_some() => vec![img.clone()],
             None => Vec::new(),
         };
-        let boot_disk = match &manifest.pod {
-            Some(pod) if pod.sandbox_slot.is_some() => None,
-            _ => Some((img, manifest.rootfs_read_only)),
+        // Given paths replace the VM's disks (its rootfs when not in a
+        // slot, then the browser's image), then its filled slots' in slot
+        // order.
+        let boot_disk = match manifest.rootfs_slot {
+            Some(_) => None,
+            None => Some((img, manifest.rootfs_read_only)),
         };
         let disk_ms = started.elapsed().as_millis();
         let mut args = self.vmm_args(
@@ -620,8 +630,6 @@ impl VmSandbox {
             Some(prepared.vm_dir),
             &c.spec,
         )?;
-        // Given paths replace the VM's disks, then its filled slots' in slot
-        // order.
         args.args.disks.extend(in_slots.into_iter().map(|path| vmm::DiskArg {
             path,
             read_only: false,
@@ -697,7 +705,7 @@ impl VmSandbox {
         packed: bool,
     ) -> Result<()> {
         let r = async {
-            let (c, pod) = self.checkpointed(packed)?;
+            let carried = self.checkpointed(packed)?;
             let key = signing::host_key(&self.cfg()?.checkpoint_key)?;
             // What it writes at most: the memory (and its pack), the disk.
             let memory = self.vm.awake().await?.memory_mib << 20;
@@ -706,15 +714,19 @@ impl VmSandbox {
             } else {
                 memory
             };
-            let disk = pod
+            let disk = carried
+                .pod
                 .iter()
                 .flat_map(|p| p.disks.iter())
                 .map(|(_, d)| disk_budget::allocated(d))
-                .fold(disk_budget::allocated(&c.rootfs.disk), u64::saturating_add);
+                .fold(
+                    disk_budget::allocated(&carried.container.rootfs.disk),
+                    u64::saturating_add,
+                );
             self.check_disk("a checkpoint", memory.saturating_add(disk))?;
             self.vm
                 .checkpoint(&snapshot::vm_dir(dir), after, |info| {
-                    checkpoint::complete(dir, (&c, pod.as_ref()), info, packed, &key)
+                    checkpoint::complete(dir, &carried, info, packed, &key)
                 })
                 .await
         }

@@ -20,7 +20,7 @@
 
 use std::path::PathBuf;
 
-use super::checkpoint::{Contents, PodDisks};
+use super::checkpoint::{Carried, Contents, PodDisks};
 use super::intake::Intake;
 use super::rootfs::GuestRootfs;
 use super::snapshot::{self, PodManifest, PodMember};
@@ -55,7 +55,7 @@ impl VmSandbox {
     /// CRI pod its sandbox container and every other container with the
     /// slot its disk is in (a named checkpoint only: `packed` ones are
     /// containerd's, of one task).
-    pub(super) fn checkpointed(&self, packed: bool) -> Result<(Contents, Option<PodDisks>)> {
+    pub(super) fn checkpointed(&self, packed: bool) -> Result<Carried> {
         let r = self.registry();
         if !self.slots.is_pod() {
             if r.len() > 1 {
@@ -63,10 +63,14 @@ impl VmSandbox {
                     "a VM outside a pod holds more than one container".into(),
                 ));
             }
-            let c = r.values().next().cloned().ok_or_else(|| {
+            let (id, c) = r.iter().next().ok_or_else(|| {
                 SandboxError::FailedPrecondition("the sandbox has no container".into())
             })?;
-            return Ok((c, None));
+            return Ok(Carried {
+                container: c.clone(),
+                slot: self.slots.of(id),
+                pod: None,
+            });
         }
         let pod_id = self.sandbox_id();
         if packed {
@@ -98,13 +102,17 @@ impl VmSandbox {
         }
         let manifest = PodManifest {
             slots: self.slots.count(),
-            sandbox_slot: self.slots.of(&pod_id),
             members,
         };
+        let slot = self.slots.of(&pod_id);
         manifest
-            .check()
+            .check(slot)
             .map_err(|why| SandboxError::Internal(format!("pod {pod_id}: {why}")))?;
-        Ok((sandbox, Some(PodDisks { manifest, disks })))
+        Ok(Carried {
+            container: sandbox,
+            slot,
+            pod: Some(PodDisks { manifest, disks }),
+        })
     }
 
     /// The waiting members, locked.
@@ -138,13 +146,13 @@ impl VmSandbox {
     /// the VM's own disks.
     pub(super) async fn restore_pod_disks(
         &self,
-        pod: &PodManifest,
+        (pod, sandbox_slot): (&PodManifest, Option<u32>),
         files: &Intake,
         (sandbox_id, sandbox_disk): (&str, &PathBuf),
     ) -> Result<Vec<PathBuf>> {
         self.slots.reset(pod.slots, true);
         let mut in_slots: Vec<(u32, PathBuf)> = Vec::new();
-        if let Some(n) = pod.sandbox_slot {
+        if let Some(n) = sandbox_slot {
             self.slots.assign(n, sandbox_id);
             in_slots.push((n, sandbox_disk.clone()));
         }

@@ -72,6 +72,11 @@ pub struct Manifest {
     /// The memory file and the disk are packed (`*.packed`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub packed: bool,
+    /// The block slot the container's disk is in (a template-born VM's);
+    /// none: it is the VM's first disk. A restore gives the disk in the
+    /// same place.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rootfs_slot: Option<u32>,
     /// A CRI pod's checkpoint: the VM's block slots and the pod's other
     /// containers. The fields above describe its sandbox container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -82,12 +87,9 @@ pub struct Manifest {
 /// checkpoint of the whole VM, every container's disk beside it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct PodManifest {
-    /// The VM's block slots (a template-born VM's sandbox is in slot 0).
+    /// The VM's block slots (a template-born VM's sandbox is in slot 0,
+    /// the manifest's `rootfs_slot`).
     pub slots: u32,
-    /// The slot of the sandbox container's disk; none: it is the VM's
-    /// first disk (a cold-booted pod).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sandbox_slot: Option<u32>,
     pub members: Vec<PodMember>,
 }
 
@@ -114,9 +116,10 @@ pub fn slot_disk(n: u32) -> String {
 }
 
 impl PodManifest {
-    /// Check what a restore relies on: slot numbers within the VM's, each
-    /// used once, plain ids and names, at most [`MAX_POD_MEMBERS`].
-    pub fn check(&self) -> std::result::Result<(), String> {
+    /// Check what a restore relies on: slot numbers (the members' and the
+    /// sandbox's `rootfs_slot`) within the VM's, each used once, plain ids
+    /// and names, at most [`MAX_POD_MEMBERS`].
+    pub fn check(&self, rootfs_slot: Option<u32>) -> std::result::Result<(), String> {
         let max_slots = u32::try_from(MAX_POD_MEMBERS).unwrap_or(u32::MAX).saturating_add(1);
         if self.slots == 0 || self.slots > max_slots {
             return Err(format!("{} block slots (1 to {max_slots})", self.slots));
@@ -125,7 +128,7 @@ impl PodManifest {
             return Err(format!("{} pod members (at most {MAX_POD_MEMBERS})", self.members.len()));
         }
         let mut used = vec![false; usize::try_from(self.slots).unwrap_or(0)];
-        let slots = self.sandbox_slot.iter().copied().chain(self.members.iter().map(|m| m.slot));
+        let slots = rootfs_slot.into_iter().chain(self.members.iter().map(|m| m.slot));
         for n in slots {
             match usize::try_from(n).ok().and_then(|i| used.get_mut(i)) {
                 Some(u) if !*u => *u = true,
@@ -241,8 +244,12 @@ fn read_manifest_inner(dir: &Path, with_rootfs: bool) -> Result<(Manifest, Vec<u
         if m.packed {
             return Err(bad("a pod's checkpoint is never packed".into()));
         }
-        pod.check().map_err(bad)?;
+        pod.check(m.rootfs_slot).map_err(bad)?;
         need.extend(pod.members.iter().map(|p| dir.join(slot_disk(p.slot))));
+    } else if let Some(n) = m.rootfs_slot {
+        if usize::try_from(n).map_or(true, |n| n > MAX_POD_MEMBERS) {
+            return Err(bad(format!("rootfs slot {n} is beyond any VM's")));
+        }
     }
     // Only that they are there: what they are (a symlink, a FIFO) is for
     // the intake to refuse, by name (`is_file` would follow a symlink and
@@ -303,6 +310,7 @@ mod tests {
             spec: serde_json::json!({"ociVersion": "1.0.2"}),
             vm: None,
             packed: false,
+            rootfs_slot: None,
             pod: None,
         }
     }
@@ -411,9 +419,9 @@ mod tests {
     fn a_pods_manifest_needs_each_members_disk_and_sane_slots() {
         let d = tempfile::tempdir().unwrap();
         let mut m = sample();
+        m.rootfs_slot = Some(0);
         m.pod = Some(PodManifest {
             slots: 9,
-            sandbox_slot: Some(0),
             members: vec![pod_member(1), pod_member(3)],
         });
         write_manifest(d.path(), &m).unwrap();
@@ -424,18 +432,17 @@ mod tests {
         std::fs::write(d.path().join(slot_disk(3)), b"d").unwrap();
         assert_eq!(read_manifest(d.path()).unwrap(), m);
         let bad = [
-            (PodManifest { slots: 9, sandbox_slot: Some(1), members: vec![pod_member(1)] }, "slot 1 is given twice"),
-            (PodManifest { slots: 2, sandbox_slot: None, members: vec![pod_member(2)] }, "beyond the VM's 2"),
-            (PodManifest { slots: 0, sandbox_slot: None, members: vec![] }, "0 block slots"),
-            (PodManifest { slots: 99, sandbox_slot: None, members: vec![] }, "99 block slots"),
+            (PodManifest { slots: 9, members: vec![pod_member(0)] }, "slot 0 is given twice"),
+            (PodManifest { slots: 2, members: vec![pod_member(2)] }, "beyond the VM's 2"),
+            (PodManifest { slots: 0, members: vec![] }, "0 block slots"),
+            (PodManifest { slots: 99, members: vec![] }, "99 block slots"),
             (
-                PodManifest { slots: 17, sandbox_slot: None, members: (0..17).map(pod_member).collect() },
+                PodManifest { slots: 17, members: (1..18).map(pod_member).collect() },
                 "17 pod members",
             ),
             (
                 PodManifest {
                     slots: 9,
-                    sandbox_slot: None,
                     members: vec![PodMember { name: String::new(), ..pod_member(1) }],
                 },
                 "bad name",
@@ -447,10 +454,16 @@ mod tests {
             let e = read_manifest(d.path()).unwrap_err();
             assert!(e.to_string().contains(want), "{want}: {e}");
         }
-        m.pod = Some(PodManifest { slots: 9, sandbox_slot: None, members: vec![] });
+        m.pod = Some(PodManifest { slots: 9, members: vec![] });
         m.packed = true;
         write_manifest(d.path(), &m).unwrap();
         let e = read_manifest(d.path()).unwrap_err();
         assert!(e.to_string().contains("never packed"), "{e}");
+        m.pod = None;
+        m.packed = false;
+        m.rootfs_slot = Some(99);
+        write_manifest(d.path(), &m).unwrap();
+        let e = read_manifest(d.path()).unwrap_err();
+        assert!(e.to_string().contains("rootfs slot 99"), "{e}");
     }
 }

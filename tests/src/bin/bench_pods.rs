@@ -44,11 +44,20 @@ struct Run {
     teardown: f64,
 }
 
+/// The named checkpoint the `burrow-restored` row starts its pods from.
+const CHECKPOINT: &str = "bench-pods";
+
+/// `handler` is a CRI handler, or `burrow-restored`: burrow pods started
+/// from [`CHECKPOINT`].
 fn one_run(cri: &Cri, handler: &str, n: usize) -> Run {
     let forever = ["sleep", "2147483647"];
     let before = pids();
     let t = Instant::now();
-    let pod = cri.run_pod(&format!("bench-{handler}-{n}"), handler);
+    let name = format!("bench-{handler}-{n}");
+    let pod = match handler.strip_suffix("-restored") {
+        Some(h) => cri.run_pod_with(&name, h, false, &[("io.burrow.restore", CHECKPOINT)]),
+        None => cri.run_pod(&name, handler),
+    };
     let pod_s = t.elapsed().as_secs_f64();
     let first = cri
         .create_container(&pod, "c0", &forever)
@@ -78,6 +87,35 @@ fn one_run(cri: &Cri, handler: &str, n: usize) -> Run {
     }
 }
 
+/// Checkpoint a three-container burrow pod as [`CHECKPOINT`]; returns the
+/// seconds it took and the checkpoint's size on disk in MiB.
+fn checkpoint_a_pod(cri: &Cri) -> (f64, f64) {
+    let pod = cri.run_pod("bench-source", "burrow");
+    for name in ["c0", "c1", "c2"] {
+        let id = cri
+            .create_container(&pod, name, &["sleep", "2147483647"])
+            .unwrap_or_else(|e| panic!("CreateContainer {name}: {e}"));
+        cri.start_container(&id);
+    }
+    let state = cri.containerd.burrow_state().display().to_string();
+    let t = Instant::now();
+    let r = cri.containerd.burrow(&[
+        "sandbox", "--state-dir", &state, "-n", "k8s.io", "checkpoint", &pod.id, CHECKPOINT,
+    ]);
+    let secs = t.elapsed().as_secs_f64();
+    assert_eq!(r.code, Some(0), "burrow sandbox checkpoint: {r:?}");
+    cri.remove_pod(&pod.id);
+    let dir = cri.containerd.snapshot_dir().join(".checkpoints").join(CHECKPOINT);
+    let du = std::process::Command::new("du")
+        .args(["-s", "-k"])
+        .arg(&dir)
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).split_whitespace().next()?.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    (secs, du / 1024.0)
+}
+
 fn stats(mut v: Vec<f64>, digits: usize) -> String {
     v.sort_by(f64::total_cmp);
     match (v.first(), v.get(v.len() / 2), v.last()) {
@@ -99,12 +137,20 @@ fn main() {
     if handlers.is_empty() {
         handlers = vec!["runc".into(), "burrow".into()];
     }
+    let mut checkpointed = None;
+    if handlers.iter().any(|h| h == "burrow") {
+        handlers.push("burrow-restored".into());
+    }
     let cri = Cri::start("bench-pods");
     println!(
         "| handler | RunPodSandbox (s) | + first container started (s) | + first ExecSync (s) | 3-container pod ready (s) | host memory of the 3-container pod (PSS, MiB) | stop + remove (s) |"
     );
     println!("| --- | --- | --- | --- | --- | --- | --- |");
     for h in &handlers {
+        if h == "burrow-restored" {
+            eprintln!("bench-pods: checkpointing a three-container burrow pod");
+            checkpointed = Some(checkpoint_a_pod(&cri));
+        }
         let mut all = Vec::new();
         for n in 0..runs {
             eprintln!("bench-pods: {h} run {}/{runs}", n + 1);
@@ -122,4 +168,9 @@ fn main() {
         );
     }
     println!("\nmin / median / max of {runs} runs; times are cumulative from RunPodSandbox but the last.");
+    if let Some((secs, mib)) = checkpointed {
+        println!(
+            "burrow-restored: pods started from one named checkpoint of a three-container pod (taken in {secs:.2} s, {mib:.1} MiB on disk); each container created takes over its checkpointed one."
+        );
+    }
 }

@@ -385,6 +385,21 @@ impl Agent {
             .collect())
     }
 
+    /// The guest pid of container `id`'s init in a restored guest (its
+    /// process runs already).
+    pub async fn restored_init(&self, id: &str) -> Result<u32> {
+        self.processes(id)
+            .await?
+            .iter()
+            .find(|p| p.exec_id.is_empty())
+            .map(|p| p.pid)
+            .ok_or_else(|| {
+                SandboxError::FailedPrecondition(format!(
+                    "the restored guest has no init process for container {id}"
+                ))
+            })
+    }
+
     /// Container `id`'s resource use as the guest counts it.
     pub async fn stats(&self, id: &str) -> Result<SandboxStats> {
         let r = self

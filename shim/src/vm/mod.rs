@@ -666,16 +666,7 @@ impl VmSandbox {
                 // goes).
                 template::identity(&agent, &host, generation).await?;
                 self.configure_restored_network(&agent).await?;
-                let procs = agent.processes(guest_id).await?;
-                procs
-                    .iter()
-                    .find(|p| p.exec_id.is_empty())
-                    .map(|p| p.pid)
-                    .ok_or_else(|| {
-                        SandboxError::FailedPrecondition(format!(
-                            "the restored guest has no init process for container {guest_id}"
-                        ))
-                    })
+                agent.restored_init(guest_id).await
             })
             .await;
         drop(packed_memory);

@@ -210,18 +210,7 @@ impl VmSandbox {
             waiting.remove(i)
         };
         let agent = self.awake_agent().await?;
-        let found = agent.processes(&w.contents.guest_id).await.and_then(|procs| {
-            procs
-                .iter()
-                .find(|p| p.exec_id.is_empty())
-                .map(|p| p.pid)
-                .ok_or_else(|| {
-                    SandboxError::FailedPrecondition(format!(
-                        "the restored pod has no init process for container {name}"
-                    ))
-                })
-        });
-        let pid = match found {
+        let pid = match agent.restored_init(&w.contents.guest_id).await {
             Ok(pid) => pid,
             Err(e) => {
                 // Its slot stays the restored member's.

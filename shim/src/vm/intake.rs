@@ -188,15 +188,11 @@ pub fn take(dir: &Path, m: &Manifest, cfg: &Config, origin: Origin) -> Result<In
         (snapshot::MEMORY.to_string(), snapshot::ROOTFS.to_string())
     };
     let vm = snapshot::VM_DIR;
+    // A pod's slots were checked with the manifest (never packed, each
+    // slot within the VM's and used once).
     let mut slots = Vec::new();
-    if let Some(pod) = &m.pod {
-        if m.packed {
-            return Err(bad(dir, "a pod's checkpoint is never packed".into()));
-        }
-        pod.check(m.rootfs_slot).map_err(|why| bad(dir, why))?;
-        for p in &pod.members {
-            slots.push((p.slot, open_beneath(&base, dir, &snapshot::slot_disk(p.slot), MAX_DISK)?));
-        }
+    for p in m.pod.iter().flat_map(|pod| pod.members.iter()) {
+        slots.push((p.slot, open_beneath(&base, dir, &snapshot::slot_disk(p.slot), MAX_DISK)?));
     }
     Ok(Intake {
         state: open_beneath(&base, dir, &format!("{vm}/{}", snapshot::STATE_FILE), MAX_STATE)?,

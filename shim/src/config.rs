@@ -25,6 +25,9 @@
 //! vmm_uid_count = 800  # uids vmm_uid.. : one per running sandbox, none shared
 //! vmm_gid = 64100    # the jailed VMMs' gid
 //! pod_disk_slots = 8          # a CRI pod's containers besides its sandbox (1..=16)
+//! pod_layer_slots = 2         # more slots for the images a pod's containers
+//!                              # share read-only, each writing to its own
+//!                              # sparse disk over it (0: a whole copy each)
 //! browser = false              # attach the browser image to every sandbox
 //!                              # (else annotation io.burrow.browser=true)
 //! browser_image = "/var/lib/burrow/browser.img"  # rootfs/browser-image's erofs
@@ -123,6 +126,10 @@ pub struct Config {
     /// Empty block slots a CRI pod's VM boots with: one per container of
     /// the pod (the sandbox has the boot disk).
     pub pod_disk_slots: u32,
+    /// More block slots a CRI pod's VM boots with, for the layer cache
+    /// images its members share read-only under a writable disk each
+    /// ([`crate::vm::layered`]); 0: each member gets a whole copy.
+    pub pod_layer_slots: u32,
     pub vcpus: Bounds<u32>,
     pub memory_mib: MemoryBounds,
     /// Run burrow-vmm in its jail (see `burrow_vmm_api::jail`); off only
@@ -164,6 +171,7 @@ impl Default for Config {
             checkpoint_key: PathBuf::from("/etc/burrow/checkpoint.key"),
             hibernate_idle_secs: 0,
             pod_disk_slots: 8,
+            pod_layer_slots: 2,
             vcpus: Bounds::default(),
             memory_mib: MemoryBounds::default(),
             vmm_jail: true,
@@ -216,6 +224,9 @@ impl Config {
         // vsock and a NIC take three.
         if !(1..=16).contains(&cfg.pod_disk_slots) {
             return bad("pod_disk_slots: want 1..=16");
+        }
+        if cfg.pod_disk_slots.saturating_add(cfg.pod_layer_slots) > 16 {
+            return bad("pod_disk_slots + pod_layer_slots: want at most 16 (the VM's devices)");
         }
         if cfg.layer_cache_images > 4096 {
             return bad("layer_cache_images: want 0..=4096");

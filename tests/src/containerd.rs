@@ -28,6 +28,10 @@ pub struct Containerd {
     pub root: PathBuf,
     /// burrow's `image_dir` (containers' rootfs images), off `/run`.
     images: PathBuf,
+    /// burrow's `layer_cache_dir`, on the same file system as `images` (as
+    /// on a host where both are under /var): a pod's shared image layer is
+    /// a hard link into the cache.
+    layers: PathBuf,
     pub socket: PathBuf,
 }
 
@@ -178,6 +182,8 @@ impl Containerd {
         // its own in hack/testhost); one per test, as for everything else.
         let images = PathBuf::from("/var/lib/burrow/test-images").join(&unique);
         let _ = std::fs::remove_dir_all(&images);
+        let layers = PathBuf::from("/var/lib/burrow/test-layers").join(&unique);
+        let _ = std::fs::remove_dir_all(&layers);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("create the test's scratch dir");
         std::fs::create_dir_all(&root).expect("create containerd's root");
@@ -192,7 +198,7 @@ impl Containerd {
                 dir.join("burrow").display().to_string(),
                 dir.join("snapshots").display().to_string(),
                 images.display().to_string(),
-                dir.join("layers").display().to_string(),
+                layers.display().to_string(),
                 templates_config(extra_config),
             ),
         )
@@ -216,6 +222,7 @@ impl Containerd {
             dir,
             root,
             images,
+            layers,
             socket,
         };
         c.wait_ready();
@@ -455,6 +462,11 @@ impl Containerd {
     /// image is `<it>/<namespace>/<sandbox id>/<container>.rootfs.img`.
     pub fn image_dir(&self) -> &Path {
         &self.images
+    }
+
+    /// burrow's `layer_cache_dir` for this containerd.
+    pub fn layer_cache_dir(&self) -> &Path {
+        &self.layers
     }
 
     /// Every file, directory and socket burrow made for this containerd
@@ -698,6 +710,7 @@ impl Drop for Containerd {
         let _ = std::fs::remove_dir_all(&self.dir);
         let _ = std::fs::remove_dir_all(&self.root);
         let _ = std::fs::remove_dir_all(&self.images);
+        let _ = std::fs::remove_dir_all(&self.layers);
     }
 }
 

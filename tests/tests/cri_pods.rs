@@ -35,6 +35,63 @@ fn pod_of_two(cri: &Cri, handler: &str) -> (Pod, Vec<String>) {
     (pod, ids)
 }
 
+/// Allocated bytes of `path`.
+fn allocated(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    path.metadata().unwrap_or_else(|e| panic!("{}: {e}", path.display())).blocks() * 512
+}
+
+/// A pod's containers of one image (`ids`, busybox) share its layer cache
+/// image: linked into the pod's image directory, not copied, one for all of
+/// them; each container's root is an overlay whose writes go to its own
+/// disk (8 MiB written in one grow that disk, not the shared one).
+fn layers_are_shared(cri: &Cri, pod: &str, ids: &[String]) {
+    use std::os::unix::fs::MetadataExt;
+    let dir = cri.containerd.image_dir().join("k8s.io").join(pod);
+    let files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    let layers: Vec<_> = files
+        .iter()
+        .filter(|f| f.file_name().is_some_and(|n| n.to_string_lossy().starts_with("+layer-")))
+        .collect();
+    assert_eq!(layers.len(), 1, "one shared image layer for both containers: {files:?}");
+    let layer = layers[0];
+    let md = layer.metadata().unwrap();
+    let cache = walk(cri.containerd.layer_cache_dir());
+    let linked = cache.iter().filter(|f| {
+        f.metadata()
+            .is_ok_and(|m| (m.dev(), m.ino()) == (md.dev(), md.ino()))
+    });
+    assert_eq!(
+        linked.count(),
+        1,
+        "the shared layer is the layer cache's image, linked: {} (cache: {cache:?})",
+        layer.display()
+    );
+    let own = dir.join(format!("{}.rootfs.img", ids[0]));
+    let (layer_before, own_before) = (allocated(layer), allocated(&own));
+    let e = cri.exec(
+        &ids[0],
+        &["sh", "-c", "dd if=/dev/zero of=/big bs=1M count=8 2>/dev/null && sync && grep ' / ' /proc/mounts"],
+    );
+    assert_eq!(e.code, 0, "{e:?}");
+    assert!(e.stdout.starts_with("overlay / overlay rw"), "the root is a writable overlay: {e:?}");
+    let (layer_after, own_after) = (allocated(layer), allocated(&own));
+    assert_eq!(layer_after, layer_before, "the shared layer is not written");
+    assert_eq!(layer.metadata().unwrap().len(), md.len());
+    assert!(
+        own_after >= own_before + (8 << 20),
+        "the write went to the container's own disk: {own_before} -> {own_after} bytes"
+    );
+    let e = cri.exec(&ids[1], &["ls", "/big"]);
+    assert_ne!(e.code, 0, "the other container does not see it: {e:?}");
+    let e = cri.exec(&ids[0], &["rm", "/big"]);
+    assert_eq!(e.code, 0, "{e:?}");
+}
+
 fn boot_id(cri: &Cri, id: &str) -> String {
     let e = cri.exec(id, &["cat", "/proc/sys/kernel/random/boot_id"]);
     assert_eq!(e.code, 0, "{e:?}");
@@ -260,6 +317,7 @@ fn burrow_pod_runs_its_containers_in_one_vm() {
     assert_eq!(pids.len(), 1, "one VM for the pod: {pids:?}");
     assert!(pids[0].starts_with(cri.containerd.burrow_state().join("k8s.io").join(&pod.id)));
     files_are_private(&cri, &ids);
+    layers_are_shared(&cri, &pod.id, &ids);
     tools_by_container_and_pod_id(&cri, &pod.id, &ids);
     namespaces_are_the_pods(&cri, &ids);
     logs_reach_log_path(&cri, "pod-burrow");
@@ -327,6 +385,10 @@ fn checkpoint_pod(cri: &Cri, pod: &str, name: &str) -> std::path::PathBuf {
         let disk = named.join(format!("slot-{}.img", x["slot"]));
         assert!(disk.metadata().unwrap().len() > 0, "{}", disk.display());
     }
+    // Both on one shared image layer, whose disk is there once.
+    let lower = &members[0]["lower_slot"];
+    assert!(lower.is_u64() && *lower == members[1]["lower_slot"], "{m}");
+    assert!(named.join(format!("slot-{lower}.img")).metadata().unwrap().len() > 0);
     assert!(named.join("rootfs.img").exists());
     named
 }

@@ -77,7 +77,7 @@ fn ctr_run_prints_output_and_exit_status_from_a_separate_kernel() {
 #[test]
 fn containers_of_one_image_share_a_build_and_nothing_else() {
     let c = containerd("layers");
-    let cache = c.dir().join("layers");
+    let cache = c.layer_cache_dir().to_path_buf();
     let first = c.ctr(&run(
         &["--rm"],
         "t-l1",

@@ -191,8 +191,8 @@ pub fn take(dir: &Path, m: &Manifest, cfg: &Config, origin: Origin) -> Result<In
     // A pod's slots were checked with the manifest (never packed, each
     // slot within the VM's and used once).
     let mut slots = Vec::new();
-    for p in m.pod.iter().flat_map(|pod| pod.members.iter()) {
-        slots.push((p.slot, open_beneath(&base, dir, &snapshot::slot_disk(p.slot), MAX_DISK)?));
+    for n in m.pod.iter().flat_map(snapshot::PodManifest::disk_slots) {
+        slots.push((n, open_beneath(&base, dir, &snapshot::slot_disk(n), MAX_DISK)?));
     }
     Ok(Intake {
         state: open_beneath(&base, dir, &format!("{vm}/{}", snapshot::STATE_FILE), MAX_STATE)?,

@@ -31,6 +31,7 @@ pub mod intake;
 pub mod jail;
 pub mod launch;
 pub mod layer_cache;
+pub mod layered;
 pub mod lifecycle;
 pub mod named;
 pub mod net;
@@ -101,6 +102,8 @@ pub struct VmSandbox {
     slots: pod::Slots,
     /// A restored pod's members that no container has taken over yet.
     restored_members: std::sync::Mutex<Vec<pod_checkpoint::Waiting>>,
+    /// Held while a pod member's shared image layer is made ([`layered`]).
+    layering: tokio::sync::Mutex<()>,
     /// Last exec, stdio traffic or RPC (for hibernate-on-idle).
     last_activity: std::sync::Mutex<Instant>,
     /// Work in flight that keeps it from hibernating on idle: exec'd
@@ -118,7 +121,18 @@ pub struct VmSandbox {
 /// apply once the spec's mounts are in (as runc does): their mount points
 /// may have to be made first (CRI's pause has a read-only root and gets
 /// /etc/resolv.conf bind-mounted onto an image that lacks it).
+/// A layered rootfs ([`layered`]) is its shared image's slot overlaid with
+/// `source` as the upper layer.
 fn guest_rootfs(_c: &ContainerConfig, rootfs: &GuestRootfs, source: String) -> pb::Rootfs {
+    if let Some(lower) = &rootfs.lower {
+        return pb::Rootfs {
+            source: pod::guest_source(lower.slot),
+            fstype: "ext4".into(),
+            writable_overlay: true,
+            upper: source,
+            ..Default::default()
+        };
+    }
     pb::Rootfs {
         source,
         fstype: rootfs.fstype.clone(),
@@ -212,6 +226,7 @@ impl VmSandbox {
             net: tokio::sync::Mutex::new(None),
             containers: std::sync::Mutex::new(HashMap::new()),
             slots: pod::Slots::default(),
+            layering: tokio::sync::Mutex::new(()),
             restored_members: std::sync::Mutex::new(Vec::new()),
             last_activity: std::sync::Mutex::new(Instant::now()),
             busy: std::sync::atomic::AtomicUsize::new(0),
@@ -479,7 +494,7 @@ impl VmSandbox {
             &c.spec,
         )?;
         args.args.disk_slots = slots;
-        self.slots.reset(slots, pod::role(&c.spec) == pod::Role::Sandbox);
+        self.slots.reset(slots, pod::layer_slots(cfg, &c.spec), pod::role(&c.spec) == pod::Role::Sandbox);
         let args = self.with_network(&c.spec, args, true).await?;
         tracing::info!(
             "booting VM: {} vCPUs, {} MiB, {}",
@@ -575,6 +590,7 @@ impl VmSandbox {
                     read_only: manifest.rootfs_read_only,
                     fstype: manifest.rootfs_fstype.clone(),
                     image: Some(img.clone()),
+                    lower: None,
                 },
                 guest_id: manifest.container_id.clone(),
                 spec: manifest.spec.clone(),
@@ -753,7 +769,7 @@ impl Sandbox for VmSandbox {
         let cfg = self.cfg()?.clone();
         let slots = match pod::role(&c.spec) {
             pod::Role::Member => return self.create_in_pod(&cfg, c).await,
-            pod::Role::Sandbox => cfg.pod_disk_slots,
+            pod::Role::Sandbox => cfg.pod_disk_slots.saturating_add(cfg.pod_layer_slots),
             pod::Role::Alone => 0,
         };
         self.require_no_container("a container outside a CRI pod has its VM to itself")?;

@@ -5,7 +5,9 @@
 //!
 //! - The sandbox container (`io.kubernetes.cri.container-type: sandbox`)
 //!   boots the VM on its own root filesystem (the boot disk) with
-//!   `pod_disk_slots` empty block slots, and runs its image's holder
+//!   `pod_disk_slots` empty block slots for containers and
+//!   `pod_layer_slots` for the image layers they share
+//!   ([`super::layered`]), and runs its image's holder
 //!   process (pause) in the guest: no other guest process.
 //! - Every further container (`container-type: container`) gets its root
 //!   filesystem image attached to a free slot through the VMM's control
@@ -18,6 +20,7 @@
 //! - A container beyond the slot count is refused (RESOURCE_EXHAUSTED).
 
 use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -53,6 +56,15 @@ pub fn role(spec: &serde_json::Value) -> Role {
     }
 }
 
+/// The slots for shared image layers a VM made for a container of `spec`
+/// has: a pod sandbox's VM has `pod_layer_slots` ([`super::layered`]).
+pub fn layer_slots(cfg: &Config, spec: &serde_json::Value) -> u32 {
+    match role(spec) {
+        Role::Sandbox => cfg.pod_layer_slots,
+        _ => 0,
+    }
+}
+
 /// The rootfs source the agent resolves to slot `n`'s disk.
 pub fn guest_source(n: u32) -> String {
     format!("serial:burrow-slot-{n}")
@@ -61,14 +73,54 @@ pub fn guest_source(n: u32) -> String {
 /// Which container holds which block slot of the VM.
 #[derive(Debug, Default)]
 pub struct Slots {
-    owners: Mutex<Vec<Option<String>>>,
+    inner: Mutex<SlotsInner>,
     /// The VM is a CRI pod's (a template-born VM has slots too).
     pod: std::sync::atomic::AtomicBool,
 }
 
+#[derive(Debug, Default)]
+struct SlotsInner {
+    owners: Vec<Option<String>>,
+    /// Slots holding a read-only image layer that containers share
+    /// ([`super::layered`]); their owner is [`shared_owner`] of the key.
+    shared: Vec<Shared>,
+    /// How many of the slots may hold shared layers; the others are the
+    /// containers' own.
+    for_layers: usize,
+}
+
+impl SlotsInner {
+    fn free(&self) -> Option<usize> {
+        self.owners.iter().position(Option::is_none)
+    }
+
+    fn set(&mut self, n: u32, owner: Option<String>) -> Option<String> {
+        let o = usize::try_from(n).ok().and_then(|i| self.owners.get_mut(i))?;
+        std::mem::replace(o, owner)
+    }
+}
+
+/// A slot's shared read-only image and the containers on it.
+#[derive(Debug, Clone)]
+struct Shared {
+    slot: u32,
+    key: String,
+    disk: PathBuf,
+    users: Vec<String>,
+}
+
+/// What owns a shared slot (never a container id: those have no NUL).
+fn shared_owner(key: &str) -> String {
+    format!("\0shared {key}")
+}
+
+fn slot_no(i: usize) -> Result<u32> {
+    u32::try_from(i).map_err(|_| SandboxError::Internal("slot number".into()))
+}
+
 impl Slots {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Option<String>>> {
-        self.owners.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, SlotsInner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Whether the VM is a CRI pod's.
@@ -76,55 +128,134 @@ impl Slots {
         self.pod.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// The VM booted with `n` empty slots, for a CRI pod if `pod`.
-    pub fn reset(&self, n: u32, pod: bool) {
-        *self.lock() = vec![None; usize::try_from(n).unwrap_or(0)];
+    /// The VM booted with `n` empty slots, `for_layers` of them for shared
+    /// image layers, for a CRI pod if `pod`.
+    pub fn reset(&self, n: u32, for_layers: u32, pod: bool) {
+        let n = usize::try_from(n).unwrap_or(0);
+        *self.lock() = SlotsInner {
+            owners: vec![None; n],
+            shared: Vec::new(),
+            for_layers: usize::try_from(for_layers).unwrap_or(0).min(n),
+        };
         self.pod.store(pod, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// How many slots are for shared image layers.
+    pub fn for_layers(&self) -> u32 {
+        u32::try_from(self.lock().for_layers).unwrap_or(0)
     }
 
     /// Give container `id` the lowest free slot.
     pub fn take(&self, id: &str) -> Result<u32> {
-        let mut owners = self.lock();
-        let total = owners.len();
-        let free = owners.iter().position(Option::is_none).ok_or_else(|| {
+        let mut s = self.lock();
+        let total = s.owners.len().saturating_sub(s.for_layers);
+        let used = s.owners.iter().flatten().count().saturating_sub(s.shared.len());
+        let free = s.free().filter(|_| used < total).ok_or_else(|| {
             SandboxError::ResourceExhausted(format!(
                 "container {id}: the pod's VM has {total} block slots for containers and all are in use (pod_disk_slots in the burrow config)"
             ))
         })?;
-        if let Some(o) = owners.get_mut(free) {
-            *o = Some(id.to_string());
-        }
-        u32::try_from(free).map_err(|_| SandboxError::Internal("slot number".into()))
+        s.set(slot_no(free)?, Some(id.to_string()));
+        slot_no(free)
     }
 
     /// The slot container `id` holds.
     pub fn of(&self, id: &str) -> Option<u32> {
-        let owners = self.lock();
-        let n = owners.iter().position(|o| o.as_deref() == Some(id))?;
+        let s = self.lock();
+        let n = s.owners.iter().position(|o| o.as_deref() == Some(id))?;
         u32::try_from(n).ok()
     }
 
     /// How many slots the VM has.
     pub fn count(&self) -> u32 {
-        u32::try_from(self.lock().len()).unwrap_or(u32::MAX)
+        u32::try_from(self.lock().owners.len()).unwrap_or(u32::MAX)
     }
 
     /// Record that `owner` holds slot `n` (a restored VM's).
     pub fn assign(&self, n: u32, owner: &str) {
-        let mut owners = self.lock();
-        if let Some(o) = usize::try_from(n).ok().and_then(|i| owners.get_mut(i)) {
-            *o = Some(owner.to_string());
-        }
+        self.lock().set(n, Some(owner.to_string()));
     }
 
     /// Free container `id`'s slot; returns its number.
     pub fn release(&self, id: &str) -> Option<u32> {
-        let mut owners = self.lock();
-        let n = owners.iter().position(|o| o.as_deref() == Some(id))?;
-        if let Some(o) = owners.get_mut(n) {
-            *o = None;
+        let mut s = self.lock();
+        let n = s.owners.iter().position(|o| o.as_deref() == Some(id))?;
+        let n = u32::try_from(n).ok()?;
+        s.set(n, None);
+        Some(n)
+    }
+
+    /// Add container `id` to the users of the shared slot of image layer
+    /// `key`; its slot and disk, if the VM has one.
+    pub fn join_shared(&self, key: &str, id: &str) -> Option<(u32, PathBuf)> {
+        let mut s = self.lock();
+        let sh = s.shared.iter_mut().find(|sh| sh.key == key)?;
+        sh.users.push(id.to_string());
+        Some((sh.slot, sh.disk.clone()))
+    }
+
+    /// Whether a new shared image layer has a slot.
+    pub fn room_for_layer(&self) -> bool {
+        let s = self.lock();
+        s.shared.len() < s.for_layers && s.free().is_some()
+    }
+
+    /// Give image layer `key`'s `disk` the lowest free slot, shared, with
+    /// `users` on it.
+    pub fn take_shared(&self, key: &str, disk: &Path, users: Vec<String>) -> Result<u32> {
+        let mut s = self.lock();
+        let free = s.free().filter(|_| s.shared.len() < s.for_layers).ok_or_else(|| {
+            SandboxError::ResourceExhausted(format!(
+                "the pod's VM has {} block slots for shared image layers and all are in use (pod_layer_slots in the burrow config)",
+                s.for_layers
+            ))
+        })?;
+        let slot = slot_no(free)?;
+        s.set(slot, Some(shared_owner(key)));
+        s.shared.push(Shared {
+            slot,
+            key: key.to_string(),
+            disk: disk.to_path_buf(),
+            users,
+        });
+        Ok(slot)
+    }
+
+    /// Record that slot `n` holds image layer `key`'s `disk` for `users` (a
+    /// restored VM's).
+    pub fn assign_shared(&self, n: u32, key: &str, disk: &Path, users: Vec<String>) {
+        let mut s = self.lock();
+        s.set(n, Some(shared_owner(key)));
+        s.shared.push(Shared {
+            slot: n,
+            key: key.to_string(),
+            disk: disk.to_path_buf(),
+            users,
+        });
+    }
+
+    /// A shared slot's user `from` is now `to` (a restored member taken over).
+    pub fn rename_user(&self, from: &str, to: &str) {
+        for sh in self.lock().shared.iter_mut() {
+            for u in sh.users.iter_mut().filter(|u| *u == from) {
+                *u = to.to_string();
+            }
         }
-        u32::try_from(n).ok()
+    }
+
+    /// Take container `id` off its shared slot; when it was the last user,
+    /// the slot is freed and its number and disk returned.
+    pub fn leave_shared(&self, id: &str) -> Option<(u32, PathBuf)> {
+        let mut s = self.lock();
+        let i = s.shared.iter().position(|sh| sh.users.iter().any(|u| u == id))?;
+        let sh = s.shared.get_mut(i)?;
+        sh.users.retain(|u| u != id);
+        if !sh.users.is_empty() {
+            return None;
+        }
+        let sh = s.shared.remove(i);
+        s.set(sh.slot, None);
+        Some((sh.slot, sh.disk))
     }
 }
 
@@ -211,7 +342,10 @@ impl VmSandbox {
             .ok_or_else(|| SandboxError::InvalidArgument("the OCI spec is too large".into()))?;
         let slot = self.slots.take(&c.id)?;
         let r = async {
-            let rootfs = self.prepare_rootfs(cfg, c, guest_spec).await?;
+            let rootfs = match self.layered_rootfs(cfg, c, &guest_spec).await? {
+                Some(layered) => layered,
+                None => self.prepare_rootfs(cfg, c, guest_spec).await?,
+            };
             self.attach_rootfs(slot, &rootfs).await?;
             tracing::info!("{}: root filesystem in slot {slot}", c.id);
             let guest_rootfs = super::guest_rootfs(c, &rootfs, guest_source(slot));
@@ -230,33 +364,44 @@ impl VmSandbox {
 
     /// Put `rootfs`'s disk into block slot `slot` of the running VM.
     pub(super) async fn attach_rootfs(&self, slot: u32, rootfs: &GuestRootfs) -> Result<()> {
+        self.attach_disk(slot, &rootfs.disk, rootfs.read_only).await
+    }
+
+    /// Put file `path` into block slot `slot` of the running VM.
+    pub(super) async fn attach_disk(&self, slot: u32, path: &Path, read_only: bool) -> Result<()> {
         // Opened here and passed: a jailed VMM cannot open host paths.
         let disk = std::fs::File::options()
             .read(true)
-            .write(!rootfs.read_only)
+            .write(!read_only)
             .custom_flags(libc::O_CLOEXEC)
-            .open(&rootfs.disk)
-            .map_err(|e| SandboxError::io(format_args!("opening {}", rootfs.disk.display()), &e))?;
+            .open(path)
+            .map_err(|e| SandboxError::io(format_args!("opening {}", path.display()), &e))?;
         self.slot_command_with(
             Command::AttachDisk {
                 slot,
-                path: rootfs.disk.clone(),
-                read_only: rootfs.read_only,
+                path: path.to_path_buf(),
+                read_only,
             },
             &[disk],
         )
         .await
     }
 
-    /// Empty container `id`'s slot, if it has one (the VM may be gone).
+    /// Empty container `id`'s slot, if it has one (the VM may be gone),
+    /// and its shared image layer's when no other container uses it (its
+    /// file removed too).
     pub(super) async fn release_slot(&self, id: &str) {
-        let Some(slot) = self.slots.release(id) else {
-            return;
-        };
-        if self.vm.phase().handle().is_some() {
-            if let Err(e) = self.slot_command(Command::DetachDisk { slot }).await {
-                tracing::warn!("{id}: emptying slot {slot}: {e}");
+        let own = self.slots.release(id);
+        let shared = self.slots.leave_shared(id);
+        for slot in own.into_iter().chain(shared.as_ref().map(|s| s.0)) {
+            if self.vm.phase().handle().is_some() {
+                if let Err(e) = self.slot_command(Command::DetachDisk { slot }).await {
+                    tracing::warn!("{id}: emptying slot {slot}: {e}");
+                }
             }
+        }
+        if let Some((_, disk)) = shared {
+            let _ = std::fs::remove_file(disk);
         }
     }
 
@@ -335,9 +480,9 @@ mod tests {
     fn slots_are_handed_out_and_refused_when_full() {
         let s = Slots::default();
         assert!(!s.is_pod());
-        s.reset(1, false);
+        s.reset(1, 0, false);
         assert!(!s.is_pod(), "a template-born VM's rootfs slot is no pod");
-        s.reset(2, true);
+        s.reset(2, 0, true);
         assert!(s.is_pod());
         assert_eq!(s.take("a").expect("a"), 0);
         assert_eq!(s.take("b").expect("b"), 1);
@@ -348,5 +493,40 @@ mod tests {
         assert_eq!(s.release("a"), None);
         assert_eq!(s.take("c").expect("c"), 0, "a freed slot is reused");
         assert_eq!(guest_source(1), "serial:burrow-slot-1");
+        assert!(!s.room_for_layer(), "no slot for layers");
     }
+
+    #[test]
+    fn shared_layers_have_slots_of_their_own_and_go_with_their_last_user() {
+        let s = Slots::default();
+        s.reset(4, 2, true);
+        assert_eq!(s.for_layers(), 2);
+        let (d1, d2) = (Path::new("/i/l1"), Path::new("/i/l2"));
+        assert_eq!(s.take("a").expect("a"), 0);
+        assert_eq!(s.join_shared("k1", "a"), None, "no layer k1 yet");
+        assert!(s.room_for_layer());
+        assert_eq!(s.take_shared("k1", d1, vec!["a".into()]).expect("k1"), 1);
+        assert_eq!(s.take("b").expect("b"), 2);
+        assert_eq!(s.join_shared("k1", "b"), Some((1, d1.to_path_buf())));
+        // Two containers' slots, whatever the layers leave free.
+        let e = s.take("c").expect_err("containers' slots full");
+        assert!(e.to_string().contains("2 block slots for containers"), "{e}");
+        assert_eq!(s.take_shared("k2", d2, vec!["b".into()]).expect("k2"), 3);
+        assert!(!s.room_for_layer());
+        let e = s.take_shared("k3", d2, vec![]).expect_err("layers' slots full");
+        assert!(e.to_string().contains("pod_layer_slots"), "{e}");
+        // `a` goes: k1 stays for `b`.
+        assert_eq!(s.release("a"), Some(0));
+        assert_eq!(s.leave_shared("a"), None);
+        assert_eq!(s.of("b"), Some(2));
+        // A restored member's placeholder becomes the container's id.
+        s.rename_user("b", "b2");
+        assert_eq!(s.leave_shared("b"), None, "b is b2 now");
+        assert_eq!(s.leave_shared("b2"), Some((1, d1.to_path_buf())));
+        assert_eq!(s.leave_shared("b2"), Some((3, d2.to_path_buf())));
+        assert!(s.room_for_layer());
+        assert_eq!(s.take("c").expect("c"), 0);
+        assert_eq!(s.take_shared("k3", d2, vec!["c".into()]).expect("k3"), 1);
+    }
+
 }

@@ -94,14 +94,18 @@ impl VmSandbox {
                 )));
             };
             members.push(member(name_of(id, &c.spec), slot, c));
-            disks.push((slot, c.rootfs.disk.clone()));
+            disks.extend(member_disks(slot, c));
         }
         for w in self.waiting().iter() {
             members.push(member(w.name.clone(), w.slot, &w.contents));
-            disks.push((w.slot, w.contents.rootfs.disk.clone()));
+            disks.extend(member_disks(w.slot, &w.contents));
         }
+        // A shared image layer once.
+        disks.sort();
+        disks.dedup_by_key(|d| d.0);
         let manifest = PodManifest {
             slots: self.slots.count(),
+            layer_slots: self.slots.for_layers(),
             members,
         };
         let slot = self.slots.of(&pod_id);
@@ -150,25 +154,55 @@ impl VmSandbox {
         files: &Intake,
         (sandbox_id, sandbox_disk): (&str, &PathBuf),
     ) -> Result<Vec<PathBuf>> {
-        self.slots.reset(pod.slots, true);
+        self.slots.reset(pod.slots, pod.layer_slots, true);
         let mut in_slots: Vec<(u32, PathBuf)> = Vec::new();
         if let Some(n) = sandbox_slot {
             self.slots.assign(n, sandbox_id);
             in_slots.push((n, sandbox_disk.clone()));
         }
-        let mut waiting = Vec::new();
-        for m in &pod.members {
+        // Each disk copied once, a shared image layer's too.
+        let mut copied: Vec<(u32, PathBuf)> = Vec::new();
+        for n in pod.disk_slots() {
             let from = files
                 .slots
                 .iter()
-                .find(|(n, _)| *n == m.slot)
+                .find(|(f, _)| *f == n)
                 .map(|(_, f)| f.path())
-                .ok_or_else(|| SandboxError::Internal(format!("slot {} has no disk", m.slot)))?;
-            let img = self.images.join(format!("restored-slot-{}{}", m.slot, super::disk_budget::IMAGE_SUFFIX));
+                .ok_or_else(|| SandboxError::Internal(format!("slot {n} has no disk")))?;
+            let img = self.images.join(format!("restored-slot-{n}{}", super::disk_budget::IMAGE_SUFFIX));
             drop(super::disk_budget::create_image(&img)?);
             snapshot::copy_disk(&from, &img).await?;
+            in_slots.push((n, img.clone()));
+            copied.push((n, img));
+        }
+        let disk_of = |n: u32| {
+            copied
+                .iter()
+                .find(|(c, _)| *c == n)
+                .map(|(_, p)| p.clone())
+                .ok_or_else(|| SandboxError::Internal(format!("slot {n} has no disk")))
+        };
+        for n in pod.lower_slots() {
+            let users = pod
+                .members
+                .iter()
+                .filter(|m| m.lower_slot == Some(n))
+                .map(|m| placeholder(&m.name))
+                .collect();
+            // Its key is no layer chain's: new containers get their own.
+            self.slots.assign_shared(n, &format!("restored {n}"), &disk_of(n)?, users);
+        }
+        let mut waiting = Vec::new();
+        for m in &pod.members {
+            let img = disk_of(m.slot)?;
+            let lower = match m.lower_slot {
+                Some(slot) => Some(super::rootfs::Lower {
+                    disk: disk_of(slot)?,
+                    slot,
+                }),
+                None => None,
+            };
             self.slots.assign(m.slot, &placeholder(&m.name));
-            in_slots.push((m.slot, img.clone()));
             waiting.push(Waiting {
                 name: m.name.clone(),
                 slot: m.slot,
@@ -179,6 +213,7 @@ impl VmSandbox {
                         read_only: m.rootfs_read_only,
                         fstype: m.rootfs_fstype.clone(),
                         image: Some(img),
+                        lower,
                     },
                     spec: m.spec.clone(),
                 },
@@ -219,6 +254,7 @@ impl VmSandbox {
             }
         };
         self.slots.assign(w.slot, &c.id);
+        self.slots.rename_user(&placeholder(&name), &c.id);
         tracing::info!(
             "{}: took over restored container {name} (slot {}, guest id {})",
             c.id,
@@ -230,11 +266,18 @@ impl VmSandbox {
     }
 }
 
+/// A member's disks by slot: its own and its shared image layer's.
+fn member_disks(slot: u32, c: &Contents) -> Vec<(u32, PathBuf)> {
+    let lower = c.rootfs.lower.iter().map(|l| (l.slot, l.disk.clone()));
+    std::iter::once((slot, c.rootfs.disk.clone())).chain(lower).collect()
+}
+
 fn member(name: String, slot: u32, c: &Contents) -> PodMember {
     PodMember {
         guest_id: c.guest_id.clone(),
         name,
         slot,
+        lower_slot: c.rootfs.lower.as_ref().map(|l| l.slot),
         rootfs_fstype: c.rootfs.fstype.clone(),
         rootfs_read_only: c.rootfs.read_only,
         spec: c.spec.clone(),

@@ -14,6 +14,7 @@
 //!   long as the task exists (and in VM snapshots); they are not copied
 //!   back into the snapshotter's upper directory.
 
+use std::ffi::OsStr;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
@@ -39,6 +40,18 @@ pub struct GuestRootfs {
     pub fstype: String,
     /// An image this shim made (removed with the container).
     pub image: Option<PathBuf>,
+    /// The read-only image layer under `disk` ([`super::layered`]): `disk`
+    /// is then only the container's writable upper layer.
+    pub lower: Option<Lower>,
+}
+
+/// A read-only lower layer in a block slot, shared by the pod's
+/// containers of one image ([`super::layered`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lower {
+    /// The image's file in the sandbox's image directory.
+    pub disk: PathBuf,
+    pub slot: u32,
 }
 
 fn is_block_device(path: &str) -> bool {
@@ -56,6 +69,7 @@ pub fn passthrough(mounts: &[RootfsMount]) -> Option<GuestRootfs> {
         read_only: m.options.iter().any(|o| o == "ro"),
         fstype: m.kind.clone(),
         image: None,
+        lower: None,
     })
 }
 
@@ -144,11 +158,19 @@ pub async fn build_image(
 
 /// Run `mkfs.ext4 -d dir` on the sized file `image`.
 async fn mkfs(dir: &Path, image: &Path, inodes: u64) -> Result<()> {
+    let inodes = inodes.to_string();
+    let mut args: Vec<&OsStr> = ["-q", "-F", "-m", "0", "-L", "burrow-rootfs", "-N", &inodes, "-d"]
+        .into_iter()
+        .map(OsStr::new)
+        .collect();
+    args.push(dir.as_os_str());
+    run_mkfs(&args, image).await
+}
+
+/// Run `mkfs.ext4 args image`.
+async fn run_mkfs(args: &[&OsStr], image: &Path) -> Result<()> {
     let out = tokio::process::Command::new(mkfs_binary())
-        .args(["-q", "-F", "-m", "0", "-L", "burrow-rootfs", "-N"])
-        .arg(inodes.to_string())
-        .arg("-d")
-        .arg(dir)
+        .args(args)
         .arg(image)
         .output()
         .await
@@ -163,8 +185,8 @@ async fn mkfs(dir: &Path, image: &Path, inodes: u64) -> Result<()> {
         )
         .into_owned();
         return Err(SandboxError::Internal(format!(
-            "mkfs.ext4 -d {} failed ({}): {}",
-            dir.display(),
+            "mkfs.ext4 {} failed ({}): {}",
+            image.display(),
             out.status,
             err.trim()
         )));
@@ -226,6 +248,7 @@ pub async fn prepare(
         read_only: false,
         fstype: "ext4".into(),
         image: Some(image.to_path_buf()),
+        lower: None,
     };
     let key = cache.key(&cfg.rootfs, slack_mib);
     if let Some(cached) = key.as_deref().and_then(|k| cache.lookup(k)) {
@@ -301,6 +324,103 @@ async fn build_into_cache(
     Ok(())
 }
 
+/// Make `to` (a new file) the layer cache's image of `cfg`'s layers,
+/// `key` (built now if the cache has none, once `budget` allowed its
+/// size): a hard link to it where the cache is on the same file system
+/// (no data copied; the image outlives the cache's trim for as long as `to`
+/// does), else a copy.
+pub async fn cached_layers(
+    cfg: &ContainerConfig,
+    (cache, key): (&LayerCache, &str),
+    slack_mib: u64,
+    to: &Path,
+    budget: impl Fn(u64) -> Result<()>,
+) -> Result<()> {
+    if let Some(cached) = cache.lookup(key) {
+        let size = std::fs::metadata(&cached)
+            .map_err(|e| SandboxError::io(format_args!("reading {}", cached.display()), &e))?
+            .len();
+        budget(size)?;
+        return link_or_copy(&cached, to).await;
+    }
+    let target = cfg.bundle.join("rootfs");
+    std::fs::create_dir_all(&target)
+        .map_err(|e| SandboxError::Internal(format!("creating {}: {e}", target.display())))?;
+    let (m, t) = (cfg.rootfs.clone(), target.clone());
+    let r = tokio::task::spawn_blocking(move || mount_all(&m, &t))
+        .await
+        .map_err(|e| SandboxError::Internal(format!("mount task failed: {e}")))?;
+    if let Err(e) = r {
+        unmount(&target);
+        return Err(e);
+    }
+    let built = async {
+        let building = cache.building(key)?;
+        build_image(&target, &building, slack_mib, &budget).await?;
+        // Linked before it is published: no trim removes it first.
+        if let Err(e) = link_or_copy(&building, to).await {
+            let _ = std::fs::remove_file(&building);
+            return Err(e);
+        }
+        match cache.publish(&building, key) {
+            Ok(_) => tracing::info!("root filesystem built into the layer cache as {key}"),
+            Err(e) => tracing::warn!("keeping the built root filesystem in the layer cache: {e}"),
+        }
+        Ok(())
+    }
+    .await;
+    unmount(&target);
+    built
+}
+
+/// Hard-link `from` at the new path `to`, else copy it there.
+async fn link_or_copy(from: &Path, to: &Path) -> Result<()> {
+    match std::fs::hard_link(from, to) {
+        Ok(()) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::EXDEV) || e.raw_os_error() == Some(libc::EPERM) => {
+            drop(super::disk_budget::create_image(to)?);
+            super::snapshot::copy_disk(from, to).await
+        }
+        Err(e) => Err(SandboxError::io(
+            format_args!("linking {} at {}", from.display(), to.display()),
+            &e,
+        )),
+    }
+}
+
+/// Make `image` (a new file) an empty sparse ext4 file system of `size`
+/// bytes: a container's writable upper layer. Its inode tables and journal
+/// are left for lazy initialisation (the guest mounts it `noinit_itable`):
+/// nothing of its size is written here.
+pub async fn make_upper(image: &Path, size: u64) -> Result<()> {
+    let f = super::disk_budget::create_image(image)?;
+    let sized = f
+        .set_len(size)
+        .map_err(|e| SandboxError::io(format_args!("sizing {}", image.display()), &e));
+    drop(f);
+    let made = match sized {
+        Ok(()) => {
+            let args = [
+                "-q",
+                "-F",
+                "-m",
+                "0",
+                "-L",
+                "burrow-upper",
+                "-E",
+                "lazy_itable_init=1,lazy_journal_init=1,nodiscard",
+            ]
+            .map(OsStr::new);
+            run_mkfs(&args, image).await
+        }
+        Err(e) => Err(e),
+    };
+    if made.is_err() {
+        let _ = std::fs::remove_file(image);
+    }
+    made
+}
+
 /// Copy image `from` to the new file `to` (a reflink where the file system
 /// can, else its data only), once `budget` allowed its apparent size.
 async fn copy_image(from: &Path, to: &Path, budget: impl Fn(u64) -> Result<()>) -> Result<()> {
@@ -313,6 +433,7 @@ async fn copy_image(from: &Path, to: &Path, budget: impl Fn(u64) -> Result<()>) 
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -386,4 +507,60 @@ mod tests {
         let data = std::fs::read(&img).expect("read");
         assert_eq!(data.get(1080..1082), Some(&[0x53, 0xEF][..]));
     }
+
+    /// Needs mkfs.ext4 (e2fsprogs), which hack/setup installs.
+    #[tokio::test]
+    async fn a_writable_layer_is_a_sparse_empty_ext4() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let img = d.path().join("up.img");
+        make_upper(&img, 512 << 20).await.expect("made");
+        let md = std::fs::metadata(&img).expect("image");
+        assert_eq!(md.len(), 512 << 20);
+        assert!(
+            md.blocks() * 512 < 32 << 20,
+            "nothing of its size is written: {} bytes allocated",
+            md.blocks() * 512
+        );
+        let head = std::fs::read(&img).expect("read");
+        assert_eq!(head.get(1080..1082), Some(&[0x53, 0xEF][..]), "ext4");
+        // Volume label at superblock offset 0x78.
+        assert_eq!(head.get(1024 + 0x78..1024 + 0x78 + 12), Some(&b"burrow-upper"[..]));
+        let e = make_upper(&img, 1 << 20).await.expect_err("exists");
+        assert!(e.to_string().contains("exists"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_cached_image_is_linked_not_copied() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let cache = LayerCache::new(&d.path().join("cache"), 4);
+        let b = cache.building("k").expect("building");
+        std::fs::write(&b, vec![7u8; 4096]).expect("write");
+        let cached = cache.publish(&b, "k").expect("published");
+        let cfg = ContainerConfig {
+            id: "c".into(),
+            bundle: d.path().join("bundle"),
+            spec: serde_json::json!({}),
+            rootfs: vec![],
+            stdin: false,
+        };
+        let to = d.path().join("layer.img");
+        let refuse = |_| Err(SandboxError::ResourceExhausted("over".into()));
+        let e = cached_layers(&cfg, (&cache, "k"), 0, &to, refuse)
+            .await
+            .expect_err("over budget");
+        assert!(matches!(e, SandboxError::ResourceExhausted(_)), "{e:?}");
+        assert!(!to.exists());
+        cached_layers(&cfg, (&cache, "k"), 0, &to, |size| {
+            assert_eq!(size, 4096);
+            Ok(())
+        })
+        .await
+        .expect("linked");
+        let (a, b) = (std::fs::metadata(&cached).unwrap(), std::fs::metadata(&to).unwrap());
+        assert_eq!((a.dev(), a.ino()), (b.dev(), b.ino()), "the same file");
+        // The cache's trim removes its name only: the link keeps the data.
+        std::fs::remove_file(&cached).unwrap();
+        assert_eq!(std::fs::read(&to).unwrap(), vec![7u8; 4096]);
+    }
+
 }

@@ -90,6 +90,9 @@ pub struct PodManifest {
     /// The VM's block slots (a template-born VM's sandbox is in slot 0,
     /// the manifest's `rootfs_slot`).
     pub slots: u32,
+    /// How many of them are for shared image layers (`pod_layer_slots`).
+    #[serde(default)]
+    pub layer_slots: u32,
     pub members: Vec<PodMember>,
 }
 
@@ -103,6 +106,11 @@ pub struct PodMember {
     pub name: String,
     /// The block slot its disk is in; the disk is [`slot_disk`] of it.
     pub slot: u32,
+    /// The slot of the read-only image layer its disk is overlaid on (its
+    /// disk is then that overlay's upper layer), shared with the pod's
+    /// other members of that image ([`super::layered`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lower_slot: Option<u32>,
     pub rootfs_fstype: String,
     pub rootfs_read_only: bool,
     /// Its spec as the guest got it.
@@ -116,6 +124,23 @@ pub fn slot_disk(n: u32) -> String {
 }
 
 impl PodManifest {
+    /// The slots of shared image layers, each once, in slot order.
+    pub fn lower_slots(&self) -> Vec<u32> {
+        let mut lowers: Vec<u32> = self.members.iter().filter_map(|m| m.lower_slot).collect();
+        lowers.sort_unstable();
+        lowers.dedup();
+        lowers
+    }
+
+    /// Every filled slot but the sandbox's: the members' and their shared
+    /// layers', in slot order.
+    pub fn disk_slots(&self) -> Vec<u32> {
+        let mut all: Vec<u32> = self.members.iter().map(|m| m.slot).chain(self.lower_slots()).collect();
+        all.sort_unstable();
+        all.dedup();
+        all
+    }
+
     /// Check what a restore relies on: slot numbers (the members' and the
     /// sandbox's `rootfs_slot`) within the VM's, each used once, plain ids
     /// and names, at most [`MAX_POD_MEMBERS`].
@@ -124,11 +149,15 @@ impl PodManifest {
         if self.slots == 0 || self.slots > max_slots {
             return Err(format!("{} block slots (1 to {max_slots})", self.slots));
         }
+        if self.layer_slots > self.slots {
+            return Err(format!("{} of {} block slots for layers", self.layer_slots, self.slots));
+        }
         if self.members.len() > MAX_POD_MEMBERS {
             return Err(format!("{} pod members (at most {MAX_POD_MEMBERS})", self.members.len()));
         }
         let mut used = vec![false; usize::try_from(self.slots).unwrap_or(0)];
         let slots = rootfs_slot.into_iter().chain(self.members.iter().map(|m| m.slot));
+        let slots = slots.chain(self.lower_slots());
         for n in slots {
             match usize::try_from(n).ok().and_then(|i| used.get_mut(i)) {
                 Some(u) if !*u => *u = true,
@@ -245,7 +274,7 @@ fn read_manifest_inner(dir: &Path, with_rootfs: bool) -> Result<(Manifest, Vec<u
             return Err(bad("a pod's checkpoint is never packed".into()));
         }
         pod.check(m.rootfs_slot).map_err(bad)?;
-        need.extend(pod.members.iter().map(|p| dir.join(slot_disk(p.slot))));
+        need.extend(pod.disk_slots().into_iter().map(|n| dir.join(slot_disk(n))));
     } else if let Some(n) = m.rootfs_slot {
         if usize::try_from(n).map_or(true, |n| n > MAX_POD_MEMBERS) {
             return Err(bad(format!("rootfs slot {n} is beyond any VM's")));
@@ -409,6 +438,7 @@ mod tests {
             guest_id: format!("c{slot}"),
             name: format!("app{slot}"),
             slot,
+            lower_slot: None,
             rootfs_fstype: "ext4".into(),
             rootfs_read_only: false,
             spec: serde_json::json!({}),
@@ -422,6 +452,7 @@ mod tests {
         m.rootfs_slot = Some(0);
         m.pod = Some(PodManifest {
             slots: 9,
+            layer_slots: 2,
             members: vec![pod_member(1), pod_member(3)],
         });
         write_manifest(d.path(), &m).unwrap();
@@ -431,21 +462,56 @@ mod tests {
         std::fs::write(d.path().join(slot_disk(1)), b"d").unwrap();
         std::fs::write(d.path().join(slot_disk(3)), b"d").unwrap();
         assert_eq!(read_manifest(d.path()).unwrap(), m);
+        // Two members on one shared image layer: its disk once, needed.
+        let shared = PodManifest {
+            slots: 9,
+            layer_slots: 2,
+            members: vec![
+                PodMember { lower_slot: Some(5), ..pod_member(1) },
+                PodMember { lower_slot: Some(5), ..pod_member(3) },
+            ],
+        };
+        assert_eq!(shared.lower_slots(), [5]);
+        assert_eq!(shared.disk_slots(), [1, 3, 5]);
+        m.pod = Some(shared);
+        write_manifest(d.path(), &m).unwrap();
+        let e = read_manifest(d.path()).unwrap_err();
+        assert!(e.to_string().contains("slot-5.img is missing"), "{e}");
+        std::fs::write(d.path().join(slot_disk(5)), b"d").unwrap();
+        assert_eq!(read_manifest(d.path()).unwrap(), m);
         let bad = [
-            (PodManifest { slots: 9, members: vec![pod_member(0)] }, "slot 0 is given twice"),
-            (PodManifest { slots: 2, members: vec![pod_member(2)] }, "beyond the VM's 2"),
-            (PodManifest { slots: 0, members: vec![] }, "0 block slots"),
-            (PodManifest { slots: 99, members: vec![] }, "99 block slots"),
+            (PodManifest { slots: 9, layer_slots: 0, members: vec![pod_member(0)] }, "slot 0 is given twice"),
+            (PodManifest { slots: 2, layer_slots: 0, members: vec![pod_member(2)] }, "beyond the VM's 2"),
+            (PodManifest { slots: 0, layer_slots: 0, members: vec![] }, "0 block slots"),
+            (PodManifest { slots: 99, layer_slots: 0, members: vec![] }, "99 block slots"),
             (
-                PodManifest { slots: 17, members: (1..18).map(pod_member).collect() },
+                PodManifest { slots: 17, layer_slots: 0, members: (1..18).map(pod_member).collect() },
                 "17 pod members",
             ),
             (
                 PodManifest {
                     slots: 9,
+                    layer_slots: 0,
                     members: vec![PodMember { name: String::new(), ..pod_member(1) }],
                 },
                 "bad name",
+            ),
+            (PodManifest { slots: 2, layer_slots: 3, members: vec![] }, "3 of 2 block slots"),
+            (
+                PodManifest {
+                    slots: 9,
+                    layer_slots: 2,
+                    members: vec![PodMember { lower_slot: Some(3), ..pod_member(1) }, pod_member(3)],
+                },
+                "slot 3 is given twice",
+            ),
+            (
+                PodManifest {
+                    slots: 9,
+                    layer_slots: 2,
+                    members: vec![PodMember { lower_slot: Some(9), ..pod_member(1) }],
+                },
+                "beyond the VM's 9",
             ),
         ];
         for (pod, want) in bad {
@@ -454,7 +520,7 @@ mod tests {
             let e = read_manifest(d.path()).unwrap_err();
             assert!(e.to_string().contains(want), "{want}: {e}");
         }
-        m.pod = Some(PodManifest { slots: 9, members: vec![] });
+        m.pod = Some(PodManifest { slots: 9, layer_slots: 0, members: vec![] });
         m.packed = true;
         write_manifest(d.path(), &m).unwrap();
         let e = read_manifest(d.path()).unwrap_err();

@@ -266,8 +266,11 @@ impl VmSandbox {
         // Nothing of this sandbox's network on a template's command line:
         // a named namespace's NIC is configured in `fill`.
         let mut args = self.with_network(&c.spec, args, false).await?;
-        self.slots
-            .reset(shape.slots, pod::role(&c.spec) == pod::Role::Sandbox);
+        self.slots.reset(
+            shape.slots,
+            pod::layer_slots(cfg, &c.spec),
+            pod::role(&c.spec) == pod::Role::Sandbox,
+        );
         let slot = self.slots.take(&c.id)?;
         let host = hostname(&self.sandbox_id());
         // The root filesystem is made while the VM restores (it goes into a

@@ -135,7 +135,7 @@ impl VmSandbox {
         let args = self.vmm_args(cfg, None, (shape.vcpus, shape.memory_mib), None, &spec)?;
         let mut args = self.with_network(&spec, args, false).await?;
         args.args.disk_slots = shape.slots;
-        self.slots.reset(shape.slots, false);
+        self.slots.reset(shape.slots, 0, false);
         tracing::info!("building template {key}: {}", args.describe());
         self.vm.start(args, |_| async { Ok(()) }).await?;
         self.build_template(cfg, dir, key, info).await

@@ -361,6 +361,7 @@ mod tests {
                 read_only: false,
                 fstype: "ext4".into(),
                 image: None,
+                lower: None,
             },
             spec,
         }

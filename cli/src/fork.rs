@@ -45,8 +45,15 @@ fn ctr(address: &str, namespace: &str, args: &[&str]) -> Result<String> {
 }
 
 /// The source container's image and runtime, from `ctr containers info`.
+/// A CRI pod's container is refused: its copies would be lone containers
+/// outside any pod, and its VM holds the whole pod.
 fn image_and_runtime(info: &str) -> Result<(String, String)> {
     let v: serde_json::Value = serde_json::from_str(info).context("ctr containers info")?;
+    if v.pointer("/Spec/annotations/io.kubernetes.cri.container-type").is_some() {
+        bail!(
+            "it is a CRI pod's container: a pod is copied whole, through CRI: `burrow sandbox checkpoint POD NAME`, then pods started with the pod annotation io.burrow.restore=NAME"
+        );
+    }
     let image = v.get("Image").and_then(|i| i.as_str()).unwrap_or_default();
     let runtime = v
         .pointer("/Runtime/Name")
@@ -114,8 +121,10 @@ pub fn fork(dir: &Path, address: &str, namespace: &str, id: &str, n: u32) -> Res
     if n == 0 || n > MAX_COPIES {
         bail!("want 1..={MAX_COPIES} copies");
     }
+    // Before anything is written: a pod's container is refused here.
     let (image, runtime) =
-        image_and_runtime(&ctr(address, namespace, &["containers", "info", id])?)?;
+        image_and_runtime(&ctr(address, namespace, &["containers", "info", id])?)
+            .with_context(|| format!("forking {id}"))?;
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default()
@@ -186,6 +195,10 @@ mod tests {
             )
         );
         assert!(image_and_runtime(r#"{"ID":"src"}"#).is_err());
+        let pod = r#"{"ID":"src","Image":"busybox","Runtime":{"Name":"io.containerd.burrow.v2"},
+            "Spec":{"annotations":{"io.kubernetes.cri.container-type":"sandbox"}}}"#;
+        let e = image_and_runtime(pod).unwrap_err().to_string();
+        assert!(e.contains("io.burrow.restore=NAME"), "{e}");
         assert!(image_and_runtime("not json").is_err());
         assert_eq!(copy_ids("src", 2), ["src-fork-1", "src-fork-2"]);
     }

@@ -353,6 +353,18 @@ fn burrow_pod_runs_its_containers_in_one_vm() {
     let e = cri.exec(&two, &["cat", "/only-two"]);
     assert_eq!(e.stdout.trim(), "two again", "{e:?}");
 
+    // `burrow sandbox fork` of a pod is refused at once, writing nothing: a
+    // pod is copied whole, through CRI.
+    let state = cri.containerd.burrow_state().display().to_string();
+    let address = cri.containerd.socket().display().to_string();
+    let r = cri.containerd.burrow(&[
+        "sandbox", "--state-dir", &state, "-n", "k8s.io", "fork", &pod.id, "2", "--address", &address,
+    ]);
+    assert_ne!(r.code, Some(0), "{r:?}");
+    assert!(r.stderr.contains("io.burrow.restore=NAME"), "{r:?}");
+    let checkpoints = cri.containerd.snapshot_dir().join(".checkpoints");
+    assert!(walk(&checkpoints).is_empty(), "{:?}", walk(&checkpoints));
+
     // The whole pod checkpointed by name (its VM and every container's
     // disk) while it runs on.
     let named = checkpoint_pod(&cri, &pod.id, "cp1");

@@ -267,20 +267,8 @@ pub async fn prepare(
             Err(e) => tracing::warn!("{}: copying the cached image: {e}", cfg.id),
         }
     }
-    let target = cfg.bundle.join("rootfs");
-    std::fs::create_dir_all(&target)
-        .map_err(|e| SandboxError::Internal(format!("creating {}: {e}", target.display())))?;
+    let target = mount_on_bundle(cfg).await?;
     let mounted = !cfg.rootfs.is_empty();
-    if mounted {
-        let (m, t) = (cfg.rootfs.clone(), target.clone());
-        let r = tokio::task::spawn_blocking(move || mount_all(&m, &t))
-            .await
-            .map_err(|e| SandboxError::Internal(format!("mount task failed: {e}")))?;
-        if let Err(e) = r {
-            unmount(&target);
-            return Err(e);
-        }
-    }
     let built = match &key {
         Some(k) => build_into_cache(&target, image, cache, k, slack_mib, &budget).await,
         None => build_image(&target, image, slack_mib, &budget).await,
@@ -316,12 +304,37 @@ async fn build_into_cache(
         let _ = std::fs::remove_file(&building);
         return Err(e);
     }
-    // The container has its disk: a cache that cannot keep it is no error.
-    match cache.publish(&building, key) {
+    keep_in_cache(cache, &building, key);
+    Ok(())
+}
+
+/// Publish the image built at `building` as `key`'s: the container has its
+/// disk already, so a cache that cannot keep it is no error.
+fn keep_in_cache(cache: &LayerCache, building: &Path, key: &str) {
+    match cache.publish(building, key) {
         Ok(_) => tracing::info!("root filesystem built into the layer cache as {key}"),
         Err(e) => tracing::warn!("keeping the built root filesystem in the layer cache: {e}"),
     }
-    Ok(())
+}
+
+/// Mount `cfg`'s rootfs mounts (if any) on `bundle/rootfs`, made if need
+/// be; returns that directory. On error nothing stays mounted.
+async fn mount_on_bundle(cfg: &ContainerConfig) -> Result<PathBuf> {
+    let target = cfg.bundle.join("rootfs");
+    std::fs::create_dir_all(&target)
+        .map_err(|e| SandboxError::Internal(format!("creating {}: {e}", target.display())))?;
+    if cfg.rootfs.is_empty() {
+        return Ok(target);
+    }
+    let (m, t) = (cfg.rootfs.clone(), target.clone());
+    let r = tokio::task::spawn_blocking(move || mount_all(&m, &t))
+        .await
+        .map_err(|e| SandboxError::Internal(format!("mount task failed: {e}")))?;
+    if let Err(e) = r {
+        unmount(&target);
+        return Err(e);
+    }
+    Ok(target)
 }
 
 /// Make `to` (a new file) the layer cache's image of `cfg`'s layers,
@@ -343,17 +356,7 @@ pub async fn cached_layers(
         budget(size)?;
         return link_or_copy(&cached, to).await;
     }
-    let target = cfg.bundle.join("rootfs");
-    std::fs::create_dir_all(&target)
-        .map_err(|e| SandboxError::Internal(format!("creating {}: {e}", target.display())))?;
-    let (m, t) = (cfg.rootfs.clone(), target.clone());
-    let r = tokio::task::spawn_blocking(move || mount_all(&m, &t))
-        .await
-        .map_err(|e| SandboxError::Internal(format!("mount task failed: {e}")))?;
-    if let Err(e) = r {
-        unmount(&target);
-        return Err(e);
-    }
+    let target = mount_on_bundle(cfg).await?;
     let built = async {
         let building = cache.building(key)?;
         build_image(&target, &building, slack_mib, &budget).await?;
@@ -362,10 +365,7 @@ pub async fn cached_layers(
             let _ = std::fs::remove_file(&building);
             return Err(e);
         }
-        match cache.publish(&building, key) {
-            Ok(_) => tracing::info!("root filesystem built into the layer cache as {key}"),
-            Err(e) => tracing::warn!("keeping the built root filesystem in the layer cache: {e}"),
-        }
+        keep_in_cache(cache, &building, key);
         Ok(())
     }
     .await;

@@ -371,6 +371,17 @@ fn burrow_pod_runs_its_containers_in_one_vm() {
     assert_eq!(pod_state(&cri, &pod.id), "running");
     assert_eq!(boot_id(&cri, &ids[0]), a);
 
+    // A container that has exited is removed (the kubelet's garbage
+    // collection) while the pod sleeps: the pod wakes to take its disk out
+    // and sleeps no more; the other container carries on in the same VM.
+    cri.stop_container(&two, 0);
+    let h = burrow_sandbox(&cri, &["hibernate", &pod.id]);
+    assert!(h.contains("asleep"), "{h}");
+    cri.remove_container(&two);
+    assert_eq!(boot_id(&cri, &ids[0]), a, "woken, not rebooted");
+    let e = cri.exec(&ids[0], &["cat", "/only-one"]);
+    assert_eq!(e.stdout.trim(), "one", "{e:?}");
+
     cri.remove_pod(&pod.id);
     cri.containerd.assert_clean(CLEAN);
     assert!(!Path::new(&sock).exists());

@@ -820,7 +820,18 @@ impl Sandbox for VmSandbox {
             self.vm.stop(Gone::Stopped).await;
             return Ok(());
         }
-        // An asleep VM is not woken for this: it is stopped below.
+        // A pod member with a disk in a hibernated VM: the VM's snapshot
+        // holds that slot and would not wake without the file, which goes
+        // below, so wake it now to take the disk out. Any other asleep VM
+        // is not woken for this: it is stopped below.
+        if matches!(self.vm.phase(), Phase::Asleep(_))
+            && self.slots.of(id).is_some()
+            && self.registry().len() > 1
+        {
+            if let Err(e) = self.vm.awake().await {
+                tracing::warn!("{id}: waking the pod's VM to take its disk out: {e}");
+            }
+        }
         if let Some(h) = self.vm.phase().handle() {
             match h.agent.delete_container(&self.gid(id)).await {
                 Ok(()) | Err(SandboxError::NotFound(_)) | Err(SandboxError::Unavailable(_)) => {}

@@ -169,7 +169,8 @@ impl VmSandbox {
                 .find(|(f, _)| *f == n)
                 .map(|(_, f)| f.path())
                 .ok_or_else(|| SandboxError::Internal(format!("slot {n} has no disk")))?;
-            let img = self.images.join(format!("restored-slot-{n}{}", super::disk_budget::IMAGE_SUFFIX));
+            // `+`: in no containerd id, so no container's image has the name.
+            let img = self.images.join(format!("+restored-slot-{n}{}", super::disk_budget::IMAGE_SUFFIX));
             drop(super::disk_budget::create_image(&img)?);
             snapshot::copy_disk(&from, &img).await?;
             in_slots.push((n, img.clone()));

@@ -98,6 +98,17 @@ impl SlotsInner {
         let o = usize::try_from(n).ok().and_then(|i| self.owners.get_mut(i))?;
         std::mem::replace(o, owner)
     }
+
+    /// Slot `n` holds image layer `key`'s `disk`, shared by `users`.
+    fn share(&mut self, n: u32, key: &str, disk: &Path, users: Vec<String>) {
+        self.set(n, Some(shared_owner(key)));
+        self.shared.push(Shared {
+            slot: n,
+            key: key.to_string(),
+            disk: disk.to_path_buf(),
+            users,
+        });
+    }
 }
 
 /// A slot's shared read-only image and the containers on it.
@@ -211,27 +222,14 @@ impl Slots {
             ))
         })?;
         let slot = slot_no(free)?;
-        s.set(slot, Some(shared_owner(key)));
-        s.shared.push(Shared {
-            slot,
-            key: key.to_string(),
-            disk: disk.to_path_buf(),
-            users,
-        });
+        s.share(slot, key, disk, users);
         Ok(slot)
     }
 
     /// Record that slot `n` holds image layer `key`'s `disk` for `users` (a
     /// restored VM's).
     pub fn assign_shared(&self, n: u32, key: &str, disk: &Path, users: Vec<String>) {
-        let mut s = self.lock();
-        s.set(n, Some(shared_owner(key)));
-        s.shared.push(Shared {
-            slot: n,
-            key: key.to_string(),
-            disk: disk.to_path_buf(),
-            users,
-        });
+        self.lock().share(n, key, disk, users);
     }
 
     /// A shared slot's user `from` is now `to` (a restored member taken over).
@@ -528,5 +526,4 @@ mod tests {
         assert_eq!(s.take("c").expect("c"), 0);
         assert_eq!(s.take_shared("k3", d2, vec!["c".into()]).expect("k3"), 1);
     }
-
 }

@@ -161,7 +161,6 @@ impl VmSandbox {
             in_slots.push((n, sandbox_disk.clone()));
         }
         // Each disk copied once, a shared image layer's too.
-        let mut copied: Vec<(u32, PathBuf)> = Vec::new();
         for n in pod.disk_slots() {
             let from = files
                 .slots
@@ -173,11 +172,11 @@ impl VmSandbox {
             let img = self.images.join(format!("+restored-slot-{n}{}", super::disk_budget::IMAGE_SUFFIX));
             drop(super::disk_budget::create_image(&img)?);
             snapshot::copy_disk(&from, &img).await?;
-            in_slots.push((n, img.clone()));
-            copied.push((n, img));
+            in_slots.push((n, img));
         }
+        // (The sandbox's slot is never a member's: checked with the manifest.)
         let disk_of = |n: u32| {
-            copied
+            in_slots
                 .iter()
                 .find(|(c, _)| *c == n)
                 .map(|(_, p)| p.clone())

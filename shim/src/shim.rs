@@ -82,6 +82,8 @@ impl Shim for BurrowShim {
             Config::default()
         });
         let root = cfg.state_dir.clone();
+        // A killed shim's uid lease file (the kernel dropped its lock).
+        vm::jail::remove_stale_uid_leases(&root);
         if crate::task::validate_id("container id", &self.id).is_ok()
             && !self.namespace.contains('/')
         {

@@ -411,6 +411,7 @@ impl Task for TaskService {
                 ..Default::default()
             })
             .await;
+            self.tear_down_if_empty().await;
         } else {
             if started {
                 if let Err(e) = self.sandbox().delete_process(&req.id, &req.exec_id).await {
@@ -712,11 +713,8 @@ impl Task for TaskService {
         if self.container_count() > 0 {
             return Ok(api::Empty::default());
         }
-        let t = std::time::Instant::now();
-        if let Err(e) = self.sandbox().shutdown().await {
-            tracing::warn!("shutting the sandbox down: {e}");
-        }
-        tracing::info!("sandbox shut down in {} ms", t.elapsed().as_millis());
+        // Normally done by the last Delete already.
+        self.tear_down_if_empty().await;
         self.inner.exit.signal();
         Ok(api::Empty::default())
     }

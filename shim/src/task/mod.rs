@@ -60,6 +60,8 @@ struct Inner {
     io_drain: Duration,
     /// OOM kills already published as TaskOOM, by container.
     oom_seen: Mutex<HashMap<String, u64>>,
+    /// Whether the sandbox was torn down (its last container deleted).
+    torn_down: tokio::sync::Mutex<bool>,
 }
 
 /// The task service containerd talks to. Cheap to clone.
@@ -172,6 +174,7 @@ impl TaskService {
                 state: Mutex::new(State::default()),
                 io_drain,
                 oom_seen: Mutex::new(HashMap::new()),
+                torn_down: tokio::sync::Mutex::new(false),
             }),
         }
     }
@@ -190,6 +193,25 @@ impl TaskService {
     /// Publish `event` on the topic its type names.
     async fn publish<E: Event + MessageDyn + 'static>(&self, event: E) {
         send(self.inner.events.as_ref(), event).await;
+    }
+
+    /// Tear the sandbox down (stop its VM, remove its files) once it has
+    /// no container left; later calls wait for the first and do nothing.
+    /// The last Delete does it, not Shutdown: containerd gives Shutdown
+    /// 3 s (`io.containerd.timeout.shim.shutdown`) and then kills the
+    /// shim, and stopping a VM on a busy host can take longer, which left
+    /// the shim's files behind.
+    async fn tear_down_if_empty(&self) {
+        let mut done = self.inner.torn_down.lock().await;
+        if *done || self.container_count() > 0 {
+            return;
+        }
+        let t = std::time::Instant::now();
+        if let Err(e) = self.sandbox().shutdown().await {
+            tracing::warn!("shutting the sandbox down: {e}");
+        }
+        tracing::info!("sandbox shut down in {} ms", t.elapsed().as_millis());
+        *done = true;
     }
 
     /// Number of containers this shim still tracks.

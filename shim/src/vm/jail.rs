@@ -152,6 +152,27 @@ pub fn lease_uid(cfg: &Config, root: &Path, key: &str) -> Result<UidLease> {
     )))
 }
 
+/// Remove the lease files under `root` that no shim holds: those of shims
+/// that were killed before they could drop their lease. One being leased
+/// meanwhile is safe: [`lease_uid`] finds its file unlinked and tries again.
+pub fn remove_stale_uid_leases(root: &Path) {
+    let Ok(entries) = std::fs::read_dir(root.join(UID_LOCKS)) else {
+        return;
+    };
+    for e in entries.flatten().take(1 << 16) {
+        let path = e.path();
+        let Ok(f) = std::fs::OpenOptions::new().write(true).open(&path) else {
+            continue;
+        };
+        // SAFETY: flock on a descriptor this function owns.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0
+            && still_at(&f, &path)
+        {
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+}
+
 /// The jail flags for a VM of the container with OCI spec `spec`, whose
 /// sandbox state directory is `state_dir`, its VMM running as `uid`: the
 /// configured gid, the sandbox's cgroup and the spec's OOM score (the VMM
@@ -272,5 +293,26 @@ mod tests {
             .unwrap()
             .collect();
         assert!(left.is_empty(), "{left:?}");
+    }
+
+    #[test]
+    fn a_killed_shims_lease_file_is_swept_and_a_held_one_kept() {
+        let root = tempfile::tempdir().unwrap();
+        let cfg = Config {
+            vmm_uid: 70_000,
+            vmm_uid_count: 4,
+            ..Config::default()
+        };
+        let held = lease_uid(&cfg, root.path(), "a").unwrap();
+        // A killed shim's: the kernel dropped its lock, its Drop never ran.
+        let killed_uid = if held.uid == 70_000 { 70_001 } else { 70_000 };
+        let killed_path = root.path().join(UID_LOCKS).join(killed_uid.to_string());
+        std::fs::write(&killed_path, "").unwrap();
+        remove_stale_uid_leases(root.path());
+        assert!(!killed_path.exists());
+        assert!(held.path.exists());
+        // The swept uid is free again.
+        let again = lease_uid(&cfg, root.path(), "c").unwrap();
+        assert_ne!(again.uid, held.uid);
     }
 }

@@ -265,7 +265,7 @@ async fn checkpoint_options_say_whether_the_task_exits() {
 }
 
 #[tokio::test]
-async fn shutdown_waits_for_the_last_container() {
+async fn the_last_delete_stops_the_sandbox_and_shutdown_ends_the_shim() {
     let h = H::new();
     h.create_plain("c", &["exit", "0"]).await;
     h.svc
@@ -276,6 +276,8 @@ async fn shutdown_waits_for_the_last_container() {
     h.start("c", "").await.expect("start");
     h.wait("c", "").await;
     h.delete("c", "").await.expect("delete");
+    // The last Delete stops the sandbox: Shutdown has only 3 s.
+    assert!(h.sb.is_shut_down());
     h.svc
         .shutdown(&ctx(), api::ShutdownRequest::default())
         .await

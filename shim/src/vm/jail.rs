@@ -103,9 +103,14 @@ impl Drop for UidLease {
     }
 }
 
-/// Whether `lock` is still the file at `path` (not one unlinked since).
-fn still_at(lock: &std::fs::File, path: &Path) -> bool {
+/// Take `lock`'s exclusive flock without waiting, and say whether we now
+/// hold the file still at `path` (not one unlinked since we opened it).
+fn locked_in_place(lock: &std::fs::File, path: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
+    // SAFETY: flock on a descriptor the caller owns.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return false;
+    }
     match (lock.metadata(), std::fs::metadata(path)) {
         (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
         _ => false,
@@ -137,11 +142,7 @@ pub fn lease_uid(cfg: &Config, root: &Path, key: &str) -> Result<UidLease> {
                 .mode(0o600)
                 .open(&path)
                 .map_err(|e| SandboxError::io(format_args!("opening {}", path.display()), &e))?;
-            // SAFETY: flock on a descriptor this function owns.
-            if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-                break;
-            }
-            if still_at(&lock, &path) {
+            if locked_in_place(&lock, &path) {
                 return Ok(UidLease { uid, lock, path });
             }
         }
@@ -164,10 +165,7 @@ pub fn remove_stale_uid_leases(root: &Path) {
         let Ok(f) = std::fs::OpenOptions::new().write(true).open(&path) else {
             continue;
         };
-        // SAFETY: flock on a descriptor this function owns.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0
-            && still_at(&f, &path)
-        {
+        if locked_in_place(&f, &path) {
             let _ = std::fs::remove_file(&path);
         }
     }

@@ -379,6 +379,7 @@ impl Containerd {
             });
         }
         let (out, killed) = wait_output(child, limit);
+        slow_step("ctr", args, start.elapsed());
         Run::from(out, start.elapsed(), killed)
     }
 
@@ -552,6 +553,7 @@ impl Containerd {
             });
         }
         let (out, killed) = wait_output(child, Duration::from_secs(600));
+        slow_step("burrow", args, start.elapsed());
         Run::from(out, start.elapsed(), killed)
     }
 
@@ -570,6 +572,7 @@ impl Containerd {
         loop {
             let now = self.task_status(id);
             if now.as_deref() == Some(status) {
+                slow_step("wait for", &[id, status], start.elapsed());
                 return;
             }
             assert!(
@@ -577,7 +580,7 @@ impl Containerd {
                 "task {id} is {now:?}, not {status}, after {limit:?}\n{}",
                 self.diagnostics()
             );
-            std::thread::sleep(Duration::from_millis(250));
+            std::thread::sleep(poll_pause(start.elapsed()));
         }
     }
 
@@ -801,4 +804,22 @@ pub fn walk(dir: &Path) -> Vec<PathBuf> {
         }
     }
     out
+}
+
+/// A `ctr` or `burrow` call that took seconds goes to the test's stderr
+/// with its time (libtest shows it when the test fails, or always with
+/// `--nocapture`), so a slow test says where its time went.
+fn slow_step(what: &str, args: &[&str], took: Duration) {
+    if took >= Duration::from_secs(2) {
+        eprintln!("[{took:.1?}] {what} {}", args.join(" "));
+    }
+}
+
+/// The pause between two `ctr` polls, `waited` into a wait: 250 ms at
+/// first, then a quarter of the time waited so far, at most 2 s. One `ctr`
+/// call costs 1.5-3 s of the test host's software CPU (a Go program's
+/// start), so polling at a fixed 250 ms kept one of its two CPUs busy
+/// with `ctr` for the whole of a long wait, taken from the VM waited for.
+fn poll_pause(waited: Duration) -> Duration {
+    (waited / 4).clamp(Duration::from_millis(250), Duration::from_secs(2))
 }

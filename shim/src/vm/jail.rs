@@ -103,14 +103,15 @@ impl Drop for UidLease {
     }
 }
 
-/// Take `lock`'s exclusive flock without waiting, and say whether we now
-/// hold the file still at `path` (not one unlinked since we opened it).
-fn locked_in_place(lock: &std::fs::File, path: &Path) -> bool {
-    use std::os::unix::fs::MetadataExt;
+/// Take `lock`'s exclusive flock without waiting: false if another holds it.
+fn try_flock(lock: &std::fs::File) -> bool {
     // SAFETY: flock on a descriptor the caller owns.
-    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return false;
-    }
+    unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+}
+
+/// Whether `lock` is still the file at `path` (not one unlinked since).
+fn still_at(lock: &std::fs::File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
     match (lock.metadata(), std::fs::metadata(path)) {
         (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
         _ => false,
@@ -142,7 +143,10 @@ pub fn lease_uid(cfg: &Config, root: &Path, key: &str) -> Result<UidLease> {
                 .mode(0o600)
                 .open(&path)
                 .map_err(|e| SandboxError::io(format_args!("opening {}", path.display()), &e))?;
-            if locked_in_place(&lock, &path) {
+            if !try_flock(&lock) {
+                break;
+            }
+            if still_at(&lock, &path) {
                 return Ok(UidLease { uid, lock, path });
             }
         }
@@ -165,7 +169,7 @@ pub fn remove_stale_uid_leases(root: &Path) {
         let Ok(f) = std::fs::OpenOptions::new().write(true).open(&path) else {
             continue;
         };
-        if locked_in_place(&f, &path) {
+        if try_flock(&f) && still_at(&f, &path) {
             let _ = std::fs::remove_file(&path);
         }
     }

@@ -232,11 +232,17 @@ fn a_binary_gets_two_retries_for_test_host_trouble() {
     let _turn = turn();
     let dir = tempfile::tempdir().expect("tempdir");
     // Attempt 1 finishes test a1 and fails b, attempt 2 finishes a2, each
-    // as libtest prints them, before its test host locks up.
+    // as libtest prints them, before its test host locks up. Attempt 2 also
+    // has a job beside it that had finished test c when the test host died,
+    // said only by hack/run-test-binaries' progress line (its block comes at
+    // its end), and a2 said both ways: carried once each.
     let script = format!(
         "echo '     Running fake-0123'; \
          echo \"test a$BURROW_TESTHOST_ATTEMPT ... ok\"; \
          if [ \"$BURROW_TESTHOST_ATTEMPT\" = 1 ]; then echo 'test b ... FAILED'; fi; \
+         if [ \"$BURROW_TESTHOST_ATTEMPT\" = 2 ]; then \
+           echo 'hack/run-test-binaries: fake-0123 finished test a2 ... ok'; \
+           echo 'hack/run-test-binaries: beside finished test c ... ok'; fi; \
          echo \"done:$BURROW_TESTS_DONE.\"; {}",
         fake_lockup_until(2)
     );
@@ -246,12 +252,15 @@ fn a_binary_gets_two_retries_for_test_host_trouble() {
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     assert_eq!(out.status.code(), Some(1), "b failed in attempt 1: {all}");
     assert!(all.contains("attempt 3 done"), "{all}");
-    assert!(stdout.contains("done: fake-0123:a1 fake-0123:b fake-0123:a2."), "attempt 3 skips a1, b and a2: {all}");
-    for line in ["test a1 ... ok", "test b ... FAILED", "test a2 ... ok", "test a3 ... ok"] {
+    assert!(
+        stdout.contains("done: fake-0123:a1 fake-0123:b fake-0123:a2 beside:c."),
+        "attempt 3 skips a1, b, a2 and beside's c: {all}"
+    );
+    for line in ["test a1 ... ok", "test b ... FAILED", "test a2 ... ok", "test c ... ok", "test a3 ... ok"] {
         assert!(stdout.lines().any(|l| l == line), "{line:?} shown: {all}");
     }
     assert!(
-        stdout.contains("test result: FAILED. 2 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out; finished in earlier attempts"),
+        stdout.contains("test result: FAILED. 3 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out; finished in earlier attempts"),
         "{all}"
     );
     assert_eq!(retry_lines(dir.path()), ["selftest soft lockup", "selftest soft lockup"], "{all}");

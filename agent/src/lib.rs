@@ -5,6 +5,7 @@
 
 pub mod browser;
 pub mod container;
+pub mod cpus;
 pub mod error;
 pub mod fs;
 pub mod host_only;

@@ -470,6 +470,22 @@ impl burrow_protocol::Agent for AgentService {
         Ok(empty())
     }
 
+    async fn online_cpus(
+        &self,
+        _ctx: &TtrpcContext,
+        req: OnlineCpusRequest,
+    ) -> TResult<OnlineCpusResponse> {
+        self.require_pid1("bringing CPUs online")?;
+        let count = req.count;
+        let online = tokio::task::spawn_blocking(move || crate::cpus::online(count))
+            .await
+            .map_err(|e| AgentError::Internal(format!("onlining CPUs: {e}")))??;
+        Ok(OnlineCpusResponse {
+            online,
+            ..Default::default()
+        })
+    }
+
     async fn power_off(&self, _ctx: &TtrpcContext, req: PowerOffRequest) -> TResult<Empty> {
         self.require_pid1("powering off")?;
         tracing::info!(reboot = req.reboot, "powering off on request");

@@ -45,6 +45,10 @@
 //!   diagnostics: exec a shell in the VM, read `/proc/1/status`).
 //! - After a snapshot restore: reconnect, then `SetTime` and `AddEntropy`.
 //!   `PowerOff` answers, then powers the VM off 100 ms later.
+//! - A pod's VM that grows: once burrow-vmm lets more vCPUs run
+//!   (`set_vcpus`), `OnlineCpus{count}` brings CPUs `0..count` online
+//!   through sysfs and answers how many are (INVALID_ARGUMENT past the
+//!   present ones).
 //!
 //! # Detached sessions
 //!

@@ -167,6 +167,18 @@ pub mod agent_vm {
     /// given disks and `append` added to the kernel command line. The
     /// vsock socket, serial log and VMM stderr go to `dir`.
     pub fn boot(dir: &Path, mem_mib: u32, disks: &[Disk<'_>], append: &str) -> Vm {
+        boot_with(dir, mem_mib, disks, append, &["--vcpus", "2"])
+    }
+
+    /// [`boot`] with `vcpu_args` (`--vcpus N`, `--max-vcpus M`, `--api
+    /// PATH`, ...) instead of `--vcpus 2`.
+    pub fn boot_with(
+        dir: &Path,
+        mem_mib: u32,
+        disks: &[Disk<'_>],
+        append: &str,
+        vcpu_args: &[&str],
+    ) -> Vm {
         crate::require_hardware_kvm();
         let kernel = crate::asset_from_env("BURROW_GUEST_KERNEL", "guest-kernel/build");
         let initrd = crate::asset_from_env("BURROW_AGENT_INITRD", "rootfs/build");
@@ -179,15 +191,14 @@ pub mod agent_vm {
             .args([
                 "--mem",
                 &mem_mib.to_string(),
-                "--vcpus",
-                "2",
                 "--append",
                 append,
                 // The nested test host now and then loses a halted vCPU's
                 // wakeup; kick them as the VMM's old 200 ms probe did.
                 "--vcpu-kick-ms",
                 "200",
-            ]);
+            ])
+            .args(vcpu_args);
         for d in disks {
             let mut arg = d.path.as_os_str().to_owned();
             if d.read_only {

@@ -368,3 +368,122 @@ fn ps_as_pid_1_lists_itself_in_every_container() {
     });
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The system calls the VMM's thread named `name` is seen blocked in,
+/// ten looks 20 ms apart (numbers, from `/proc/PID/task/TID/syscall`): a
+/// vCPU in the guest is mostly in `ioctl` (KVM_RUN, 16), one the VMM holds
+/// waits on its condvar in `futex` (202) throughout.
+fn thread_syscalls(pid: u32, name: &str) -> Vec<String> {
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let task = task.unwrap().path();
+        let comm = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+        if comm.trim() != name {
+            continue;
+        }
+        let mut seen = Vec::new();
+        for _ in 0..10 {
+            let sc = std::fs::read_to_string(task.join("syscall")).unwrap();
+            // A thread caught running says "running".
+            seen.push(sc.split_whitespace().next().unwrap_or_default().to_string());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        return seen;
+    }
+    panic!("burrow-vmm {pid} has no thread {name}");
+}
+
+/// One request on the VMM's control socket; its response line.
+fn api(path: &Path, line: &str) -> serde_json::Value {
+    use std::io::{BufRead, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(path).unwrap();
+    s.write_all(format!("{line}\n").as_bytes()).unwrap();
+    let mut r = std::io::BufReader::new(s);
+    loop {
+        let mut l = String::new();
+        assert!(r.read_line(&mut l).unwrap() > 0, "the VMM closed the API socket");
+        let v: serde_json::Value = serde_json::from_str(&l).unwrap();
+        if v.get("ok").is_some() {
+            return v;
+        }
+    }
+}
+
+/// A VM with room for 3 vCPUs of which 1 runs (a pod's VM before its
+/// containers arrive): the guest sees three present and one online; a
+/// guest root that tries to bring the third up itself gets an error and
+/// the VMM never runs that vCPU (its thread waits in `futex`, where a
+/// running vCPU's is in KVM_RUN's `ioctl`); once the VMM lets two run
+/// (`set_vcpus`), the agent's OnlineCpus brings the second online, and
+/// the third is still held.
+#[test]
+fn a_vcpu_runs_only_once_the_vmm_lets_it() {
+    const FUTEX: &str = "202";
+    const IOCTL: &str = "16";
+    let dir = burrow_tests::scratch_dir("agent-vm-vcpus");
+    let disk = make_disk(&dir);
+    let api_sock = dir.join("api");
+    let mut vm = agent_vm::boot_with(
+        &dir,
+        512,
+        &[Disk {
+            path: &disk,
+            read_only: false,
+        }],
+        "quiet",
+        &["--vcpus", "1", "--max-vcpus", "3", "--api", api_sock.to_str().unwrap()],
+    );
+    let pid = vm.child.id();
+    let api_sock = api_sock.clone();
+    let st = agent_vm::drive(&mut vm, BOOT_TIMEOUT, |c| async move {
+        let caps = ["CAP_SYS_ADMIN", "CAP_DAC_OVERRIDE"];
+        let spec = serde_json::json!({
+            "ociVersion": "1.0.2",
+            "process": {"args": ["sh", "-c", "cat /sys/devices/system/cpu/present /sys/devices/system/cpu/online; echo 1 > /sys/devices/system/cpu/cpu2/online; echo rc=$?; cat /sys/devices/system/cpu/online"],
+                        "env": ["PATH=/bin"], "cwd": "/", "user": {"uid": 0, "gid": 0},
+                        "capabilities": {"bounding": caps, "effective": caps, "permitted": caps}},
+            "root": {"path": "rootfs"},
+            "mounts": [{"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["rw", "nosuid", "noexec", "nodev"]}],
+        });
+        let held = |what: &str| {
+            let seen = thread_syscalls(pid, "vcpu2");
+            assert!(seen.iter().all(|s| s == FUTEX), "{what}: vcpu2 in {seen:?}");
+        };
+        let in_guest = |name: &str| {
+            let seen = thread_syscalls(pid, name);
+            assert!(seen.iter().any(|s| s == IOCTL), "{name} never in KVM_RUN: {seen:?}");
+        };
+        held("at boot");
+        in_guest("vcpu0");
+        run_container(&c, "root", &spec).await;
+        let out = String::from_utf8_lossy(&read_all(&c, "root", "").await).into_owned();
+        assert_eq!(wait(&c, "root", "").await.exit_code, 0, "{out}");
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.first(), Some(&"0-2"), "three vCPUs present: {out}");
+        assert_eq!(lines.get(1), Some(&"0"), "one online at boot: {out}");
+        assert!(
+            lines.get(2).is_some_and(|l| l.starts_with("rc=") && *l != "rc=0"),
+            "the guest cannot start a vCPU the VMM holds: {out}"
+        );
+        assert_eq!(lines.get(3), Some(&"0"), "still one online: {out}");
+        held("after the guest tried to start it");
+
+        let r = api(&api_sock, r#"{"cmd":"set_vcpus","count":2}"#);
+        assert_eq!(r["ok"], true, "{r}");
+        let r = api(&api_sock, r#"{"cmd":"set_vcpus","count":4}"#);
+        assert_eq!(r["ok"], false, "more vCPUs than the VM has: {r}");
+        let mut req = OnlineCpusRequest::new();
+        req.count = 2;
+        let online = c.online_cpus(ctx(), &req).await.unwrap();
+        assert_eq!(online.online, 2);
+        let mut f = ReadFileRequest::new();
+        f.path = "/sys/devices/system/cpu/online".into();
+        let seen = c.read_file(ctx(), &f).await.unwrap();
+        assert_eq!(String::from_utf8_lossy(&seen.data).trim(), "0-1");
+        req.count = 4;
+        assert_eq!(code_of(c.online_cpus(ctx(), &req).await), ttrpc::Code::INVALID_ARGUMENT);
+        in_guest("vcpu1");
+        held("after vCPU 1 was let run");
+        c.power_off(ctx(), &PowerOffRequest::new()).await.unwrap();
+    });
+    assert!(st.success(), "{st}");
+}

@@ -622,7 +622,66 @@ fn limits_are_each_containers_own(cri: &Cri, handler: &str) {
     cri.remove_pod(&pod.id);
 
     sized_by_its_containers_limits(cri, handler);
+    grows_with_its_containers(cri, handler);
     cri.containerd.assert_clean(CLEAN);
+}
+
+/// The CPUs `id` sees online (`/sys/devices/system/cpu/online`, e.g.
+/// `0-2`), counted.
+fn cpus_online(cri: &Cri, id: &str) -> u32 {
+    let e = cri.exec(id, &["cat", "/sys/devices/system/cpu/online"]);
+    assert_eq!(e.code, 0, "{e:?}");
+    let mut n = 0;
+    for part in e.stdout.trim().split(',') {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let (a, b): (u32, u32) = (a.parse().unwrap(), b.parse().unwrap());
+        n += b - a + 1;
+    }
+    n
+}
+
+/// A pod started without pod-level resources (as an older kubelet, or a
+/// CRI client that sends none, starts one) gets the default VM, and each
+/// container's CPU limit is added to it as the container arrives, then
+/// UpdateContainerResources' larger one: the guest brings the new vCPUs
+/// online and every container of the pod sees them. runc, the control,
+/// shows the host's CPUs throughout.
+fn grows_with_its_containers(cri: &Cri, handler: &str) {
+    let pod = cri.run_pod(&format!("grows-{handler}"), handler);
+    let first = cri.create_container(&pod, "first", &["sleep", "2147483647"]).unwrap();
+    cri.start_container(&first);
+    let at_start = cpus_online(cri, &first);
+    let cpu = |quota: i64| cri::LinuxContainerResources {
+        cpu_period: 100_000,
+        cpu_quota: quota,
+        ..Default::default()
+    };
+    let second = cri
+        .create_container_with(&pod, "second", &["sleep", "2147483647"], Some(cpu(150_000)))
+        .unwrap();
+    cri.start_container(&second);
+    let after_second = (cpus_online(cri, &first), cpus_online(cri, &second));
+    cri.update_resources(&first, cpu(100_000));
+    let after_update = cpus_online(cri, &second);
+    if handler == "burrow" {
+        assert_eq!(at_start, 1, "the default VM has one vCPU online");
+        assert_eq!(
+            after_second,
+            (3, 3),
+            "1 vCPU + 1.5 CPUs of the second container's limit, rounded up"
+        );
+        assert_eq!(after_update, 4, "1 + 1.5 + 1 CPUs after the update");
+        let (_, seen) = machine_seen(cri, &second);
+        assert_eq!(seen, 4, "/proc/cpuinfo lists the onlined vCPUs");
+    } else {
+        assert!(at_start >= 1);
+        assert_eq!(after_second, (at_start, at_start), "runc: the host's CPUs");
+        assert_eq!(after_update, at_start, "runc: the host's CPUs");
+    }
+    for id in [&first, &second] {
+        assert_eq!(cri.exec(id, &["true"]).code, 0, "{handler}");
+    }
+    cri.remove_pod(&pod.id);
 }
 
 /// What `id` sees of its machine: MemTotal (kB) and its processors.

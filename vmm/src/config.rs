@@ -40,7 +40,10 @@ pub struct VmConfig {
     pub disk_slots: u32,
     pub vsock: Option<VsockConfig>,
     pub net: Option<NetConfig>,
+    /// vCPUs running from boot.
     pub vcpus: u8,
+    /// vCPUs the VM has (none: `vcpus`); the rest wait for a grant.
+    pub max_vcpus: Option<u8>,
     pub mem_mib: u64,
     pub serial: SerialOutput,
     /// Forward stdin to the serial port (standalone mode on a terminal).
@@ -58,6 +61,7 @@ impl VmConfig {
             vsock: None,
             net: None,
             vcpus: 1,
+            max_vcpus: None,
             mem_mib: 256,
             serial: SerialOutput::Stdout,
             serial_stdin: false,

@@ -219,6 +219,7 @@ fn build(args: &RunArgs) -> anyhow::Result<(Vmm, Option<UnixListener>)> {
         guest_cid: args.cid,
     });
     config.vcpus = args.vcpus;
+    config.max_vcpus = args.max_vcpus;
     config.mem_mib = args.mem_mib;
     (config.serial, config.serial_stdin) = serial_config(args);
     let api = bind_api(args)?;

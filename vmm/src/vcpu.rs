@@ -8,7 +8,7 @@
 //! before KVM_RUN (after the thread last looked at its requests) still makes
 //! it return at once: one kick is enough, and nothing is re-sent on a timer.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -37,6 +37,8 @@ enum Want {
 
 struct CtlState {
     want: Want,
+    /// vCPUs `0..running` may run; the others stay parked until granted.
+    running: usize,
     parked: usize,
     exited: usize,
     save_seq: u64,
@@ -48,6 +50,8 @@ pub struct VcpuControl {
     /// MSRs each vCPU saves in a snapshot.
     msr_list: Vec<u32>,
     attention: AtomicBool,
+    /// Copy of `CtlState::running` for the lock-free check before KVM_RUN.
+    running: AtomicUsize,
     state: Mutex<CtlState>,
     cv: Condvar,
 }
@@ -57,12 +61,16 @@ fn lock(m: &Mutex<CtlState>) -> MutexGuard<'_, CtlState> {
 }
 
 impl VcpuControl {
-    pub fn new(count: usize, msr_list: Vec<u32>) -> Arc<Self> {
+    /// Control of `count` vCPUs of which the first `running` may run.
+    pub fn new(count: usize, running: usize, msr_list: Vec<u32>) -> Arc<Self> {
+        let running = running.min(count);
         Arc::new(Self {
             msr_list,
             attention: AtomicBool::new(false),
+            running: AtomicUsize::new(running),
             state: Mutex::new(CtlState {
                 want: Want::Run,
+                running,
                 parked: 0,
                 exited: 0,
                 save_seq: 0,
@@ -77,17 +85,33 @@ impl VcpuControl {
         &self.msr_list
     }
 
+    /// How many vCPUs may run.
+    pub fn running(&self) -> u8 {
+        u8::try_from(self.running.load(Ordering::Acquire)).unwrap_or(u8::MAX)
+    }
+
+    /// Let the first `count` vCPUs run (never fewer than now).
+    pub fn grant(&self, count: u8) {
+        let mut st = lock(&self.state);
+        let count = usize::from(count).max(st.running).min(st.saves.len());
+        st.running = count;
+        self.running.store(count, Ordering::Release);
+        self.cv.notify_all();
+    }
+
     /// Called by vCPU `id` before each KVM_RUN and after EINTR. Returns
-    /// false if the thread must stop.
+    /// false if the thread must stop. A vCPU not yet granted stays here,
+    /// parked (it answers saves like a paused one), until it is.
     fn checkpoint(&self, id: usize, vcpu: &mut VcpuFd) -> bool {
-        if !self.attention.load(Ordering::Acquire) {
+        if !self.attention.load(Ordering::Acquire) && id < self.running.load(Ordering::Acquire) {
             return true;
         }
         let mut st = lock(&self.state);
         let mut parked = false;
         loop {
+            let held = st.want == Want::Pause || id >= st.running;
             match st.want {
-                Want::Run => {
+                Want::Run if !held => {
                     if parked {
                         st.parked -= 1;
                     }
@@ -99,7 +123,7 @@ impl VcpuControl {
                     }
                     return false;
                 }
-                Want::Pause => {
+                Want::Run | Want::Pause => {
                     if !parked {
                         parked = true;
                         st.parked += 1;

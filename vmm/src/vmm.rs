@@ -167,6 +167,14 @@ impl Vmm {
                 config.vcpus
             )));
         }
+        let vcpu_count = config.max_vcpus.unwrap_or(config.vcpus);
+        if !(config.vcpus..=mptable::MAX_CPUS).contains(&vcpu_count) {
+            return Err(VmmError::Config(format!(
+                "max vcpus must be {}..={}, got {vcpu_count}",
+                config.vcpus,
+                mptable::MAX_CPUS
+            )));
+        }
         if !(16..=(1 << 20)).contains(&config.mem_mib) {
             return Err(VmmError::Config(format!(
                 "memory must be 16 MiB to 1 TiB, got {} MiB",
@@ -241,7 +249,14 @@ impl Vmm {
         }
 
         // Kernel, boot info, MP table, vCPUs.
-        let cmdline = boot::kernel_cmdline(&config.cmdline, &mmio_windows)?;
+        // vCPUs past `vcpus` are present but the guest does not start
+        // them at boot; they run once granted (`set_vcpus`).
+        let base_cmdline = if vcpu_count > config.vcpus {
+            format!("{} maxcpus={}", config.cmdline, config.vcpus)
+        } else {
+            config.cmdline.clone()
+        };
+        let cmdline = boot::kernel_cmdline(&base_cmdline, &mmio_windows)?;
         let entry = boot::load(
             &mem,
             mem_size,
@@ -255,18 +270,18 @@ impl Vmm {
             entry.entry,
             cmdline.as_cstring().unwrap_or_default()
         );
-        mptable::setup(&mem, config.vcpus)?;
+        mptable::setup(&mem, vcpu_count)?;
         let supported = kvm
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
             .map_err(ioctl("KVM_GET_SUPPORTED_CPUID"))?;
         let tsc_deadline = kvm.check_extension(Cap::TscDeadlineTimer);
         let mut pending_vcpus = Vec::new();
-        for id in 0..config.vcpus {
+        for id in 0..vcpu_count {
             let vcpu = vm
                 .create_vcpu(u64::from(id))
                 .map_err(ioctl("KVM_CREATE_VCPU"))?;
             let mut c = supported.clone();
-            cpuid::filter(&mut c, id, config.vcpus, tsc_deadline);
+            cpuid::filter(&mut c, id, vcpu_count, tsc_deadline);
             vcpu.set_cpuid2(&c).map_err(ioctl("KVM_SET_CPUID2"))?;
             regs::configure_vcpu(&vcpu, &mem, entry.protocol, entry.entry, id == 0)?;
             pending_vcpus.push(vcpu);
@@ -280,7 +295,8 @@ impl Vmm {
             kvm,
             vm,
             mem,
-            vcpu_count: config.vcpus,
+            vcpu_count,
+            vcpus_running: config.vcpus,
             mem_mib: config.mem_mib,
             dirty_log: false,
             last_snapshot: None,
@@ -308,7 +324,11 @@ impl Vmm {
             last_snapshot: p.last_snapshot,
             pending_vcpus: p.pending_vcpus,
             threads: Vec::new(),
-            control: VcpuControl::new(usize::from(p.vcpu_count), p.msr_list),
+            control: VcpuControl::new(
+                usize::from(p.vcpu_count),
+                usize::from(p.vcpus_running),
+                p.msr_list,
+            ),
             bus: Arc::new(p.bus),
             devices: p.devices,
             reset_evt: p.reset_evt,
@@ -406,6 +426,7 @@ impl Vmm {
                 self.attach_disk(slot, Some((&path, read_only)), passed)
             }
             Command::DetachDisk { slot } => self.attach_disk(slot, None, None),
+            Command::SetVcpus { count } => self.set_vcpus(count),
             Command::Snapshot { dir, incremental } => match snapshot_files(files).and_then(|f| self.snapshot(&dir, incremental, f, events)) {
                 Ok(info) => Response::snapshot(self.state, info),
                 Err(e) => {
@@ -414,6 +435,29 @@ impl Vmm {
                 }
             },
         })
+    }
+
+    /// Let the first `count` vCPUs run; fewer than run now changes nothing
+    /// (vCPUs are only added).
+    fn set_vcpus(&mut self, count: u8) -> Response {
+        let running = self.control.running();
+        if count == 0 || count > self.vcpu_count {
+            return Response::err(ApiError::new(
+                ApiErrorKind::InvalidRequest,
+                format!("cannot run {count} vCPUs: the VM has {}", self.vcpu_count),
+            ));
+        }
+        if !matches!(self.state, VmState::Created | VmState::Running | VmState::Paused) {
+            return Response::err(ApiError::new(
+                ApiErrorKind::InvalidState,
+                format!("cannot add vCPUs: VM is {:?}", self.state),
+            ));
+        }
+        if count > running {
+            tracing::info!("vCPUs {running}..{count} may run");
+            self.control.grant(count);
+        }
+        Response::ok(self.state)
     }
 
     /// Kick the vCPUs out of KVM_RUN every `ms` (0: never) while the VM
@@ -625,6 +669,8 @@ struct Parts {
     vm: VmFd,
     mem: GuestMemoryMmap,
     vcpu_count: u8,
+    /// vCPUs allowed to run (the first ones); the rest wait for a grant.
+    vcpus_running: u8,
     mem_mib: u64,
     dirty_log: bool,
     last_snapshot: Option<(PathBuf, u64)>,

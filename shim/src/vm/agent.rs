@@ -303,6 +303,18 @@ impl Agent {
         .map(drop)
     }
 
+    /// Bring the guest's CPUs `0..count` online (the VMM must let them
+    /// run first); how many are online afterwards.
+    pub async fn online_cpus(&self, count: u32) -> Result<u32> {
+        let req = pb::OnlineCpusRequest {
+            count,
+            ..Default::default()
+        };
+        self.call("OnlineCpus", self.client.online_cpus(Self::ctx(), &req))
+            .await
+            .map(|r| r.online)
+    }
+
     pub async fn power_off(&self) -> Result<()> {
         self.call(
             "PowerOff",

@@ -25,6 +25,7 @@ mod copy;
 pub mod disk_budget;
 pub mod egress;
 pub mod egress_dns;
+pub mod grow;
 pub mod hibernate;
 pub mod hostfiles;
 pub mod intake;
@@ -100,6 +101,8 @@ pub struct VmSandbox {
     containers: std::sync::Mutex<HashMap<String, Contents>>,
     /// A pod's block slots and the containers in them.
     slots: pod::Slots,
+    /// A pod's vCPUs and what its members ask for ([`grow`]).
+    growth: grow::Growth,
     /// A restored pod's members that no container has taken over yet.
     restored_members: std::sync::Mutex<Vec<pod_checkpoint::Waiting>>,
     /// Held while a pod member's shared image layer is made ([`layered`]).
@@ -226,6 +229,7 @@ impl VmSandbox {
             net: tokio::sync::Mutex::new(None),
             containers: std::sync::Mutex::new(HashMap::new()),
             slots: pod::Slots::default(),
+            growth: grow::Growth::default(),
             layering: tokio::sync::Mutex::new(()),
             restored_members: std::sync::Mutex::new(Vec::new()),
             last_activity: std::sync::Mutex::new(Instant::now()),
@@ -494,6 +498,11 @@ impl VmSandbox {
             &c.spec,
         )?;
         args.args.disk_slots = slots;
+        let max_vcpus = grow::max_vcpus_for(cfg, &c.spec, size.vcpus);
+        args.args.max_vcpus = grow::vmm_max(size.vcpus, max_vcpus);
+        // The VM's vCPUs, running or not: what a snapshot of it holds.
+        args.vcpus = max_vcpus;
+        self.growth.set(grow::record_for(&c.spec, size.vcpus, max_vcpus));
         self.slots.reset(slots, pod::layer_slots(cfg, &c.spec), pod::role(&c.spec) == pod::Role::Sandbox);
         let args = self.with_network(&c.spec, args, true).await?;
         tracing::info!(
@@ -953,6 +962,16 @@ impl Sandbox for VmSandbox {
     }
 
     async fn update_resources(&self, id: &str, resources: &[u8]) -> Result<()> {
+        // A pod member's larger CPU limit may need more vCPUs first.
+        if self.slots.of(id).is_some() {
+            let parsed: Option<serde_json::Value> = serde_json::from_slice(resources).ok();
+            let cpu = parsed.as_ref().and_then(|r| r.get("cpu"));
+            if cpu.and_then(|c| c.get("quota")).is_some() {
+                if let Err(e) = self.grow_for(id, cpu).await {
+                    tracing::warn!("{id}: the pod's VM did not grow: {e}");
+                }
+            }
+        }
         self.awake_agent()
             .await?
             .update_container(&self.gid(id), resources)

@@ -339,6 +339,11 @@ impl VmSandbox {
             .filter(|j| j.len() <= burrow_protocol::MAX_SPEC_BYTES)
             .ok_or_else(|| SandboxError::InvalidArgument("the OCI spec is too large".into()))?;
         let slot = self.slots.take(&c.id)?;
+        // More vCPUs first, so the container starts with them.
+        let cpu = c.spec.pointer("/linux/resources/cpu");
+        if let Err(e) = self.grow_for(&c.id, cpu).await {
+            tracing::warn!("{}: the pod's VM did not grow: {e}", c.id);
+        }
         let r = async {
             let rootfs = match self.layered_rootfs(cfg, c, &guest_spec).await? {
                 Some(layered) => layered,
@@ -389,6 +394,7 @@ impl VmSandbox {
     /// and its shared image layer's when no other container uses it (its
     /// file removed too).
     pub(super) async fn release_slot(&self, id: &str) {
+        self.growth.forget(id);
         let own = self.slots.release(id);
         let shared = self.slots.leave_shared(id);
         for slot in own.into_iter().chain(shared.as_ref().map(|s| s.0)) {

@@ -74,6 +74,7 @@ pub fn shape_of(cfg: &Config, spec: &serde_json::Value, pod_slots: u32) -> Shape
     let size = spec::vm_size(spec, cfg);
     Shape {
         vcpus: size.vcpus,
+        max_vcpus: super::grow::max_vcpus_for(cfg, spec, size.vcpus),
         memory_mib: size.memory_mib,
         slots: pod_slots.saturating_add(1),
         nic: has_nic(spec),
@@ -85,6 +86,8 @@ pub fn shape_of(cfg: &Config, spec: &serde_json::Value, pod_slots: u32) -> Shape
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Shape {
     pub vcpus: u32,
+    /// vCPUs it has room for (a pod's VM grows: [`super::grow`]).
+    pub max_vcpus: u32,
     pub memory_mib: u64,
     /// Block slots: the container's rootfs takes the first.
     pub slots: u32,
@@ -133,8 +136,8 @@ fn hex(bytes: &[u8], n: usize) -> String {
 /// inputs written beside it.
 pub fn key(cfg: &Config, shape: Shape) -> Result<(String, serde_json::Value)> {
     let shape_text = format!(
-        "format={TEMPLATE_FORMAT} vcpus={} memory_mib={} slots={} nic={} browser={} cmdline={}",
-        shape.vcpus, shape.memory_mib, shape.slots, shape.nic, shape.browser, cfg.kernel_cmdline
+        "format={TEMPLATE_FORMAT} vcpus={} max_vcpus={} memory_mib={} slots={} nic={} browser={} cmdline={}",
+        shape.vcpus, shape.max_vcpus, shape.memory_mib, shape.slots, shape.nic, shape.browser, cfg.kernel_cmdline
     );
     let mut files = vec![file_id(&cfg.kernel)?, file_id(&resolve(&cfg.vmm_binary()))?];
     if let Some(initrd) = &cfg.initrd {
@@ -254,13 +257,16 @@ impl VmSandbox {
         } else {
             "built"
         };
-        let args = self.vmm_args(
+        let mut args = self.vmm_args(
             cfg,
             None,
             (shape.vcpus, shape.memory_mib),
             restored.clone(),
             &c.spec,
         )?;
+        args.args.max_vcpus = super::grow::vmm_max(shape.vcpus, shape.max_vcpus);
+        args.vcpus = shape.max_vcpus;
+        self.growth.set(super::grow::record_for(&c.spec, shape.vcpus, shape.max_vcpus));
         // The namespace the shim makes, its tap, and the holder whose pid
         // is the task's (so `ctr run --cni` configures that namespace).
         // Nothing of this sandbox's network on a template's command line:
@@ -422,6 +428,7 @@ mod tests {
 
     const SHAPE: Shape = Shape {
         vcpus: 1,
+        max_vcpus: 1,
         memory_mib: 256,
         slots: 1,
         nic: false,

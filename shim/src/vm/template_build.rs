@@ -30,6 +30,7 @@ pub fn default_shape(cfg: &Config, nic: bool) -> Shape {
     let size = spec::vm_size(&json!({}), cfg);
     Shape {
         vcpus: size.vcpus,
+        max_vcpus: size.vcpus,
         memory_mib: size.memory_mib,
         slots: 1,
         nic,
@@ -132,7 +133,9 @@ impl VmSandbox {
     ) -> Result<()> {
         self.prepare_state_dir(cfg)?;
         let spec = build_spec(shape);
-        let args = self.vmm_args(cfg, None, (shape.vcpus, shape.memory_mib), None, &spec)?;
+        let mut args = self.vmm_args(cfg, None, (shape.vcpus, shape.memory_mib), None, &spec)?;
+        args.args.max_vcpus = super::grow::vmm_max(shape.vcpus, shape.max_vcpus);
+        args.vcpus = shape.max_vcpus;
         let mut args = self.with_network(&spec, args, false).await?;
         args.args.disk_slots = shape.slots;
         self.slots.reset(shape.slots, 0, false);

@@ -76,7 +76,7 @@ pub struct VmmArgs {
     /// (in order; sizes must match; the read-only flag comes from the
     /// snapshot), and after them those of the filled block slots (in slot
     /// order), `--vsock` the recorded socket path.
-    #[arg(long, conflicts_with_all = ["kernel", "initrd", "cmdline", "append", "vcpus", "mem_mib", "cid", "disk_slots"])]
+    #[arg(long, conflicts_with_all = ["kernel", "initrd", "cmdline", "append", "vcpus", "max_vcpus", "mem_mib", "cid", "disk_slots"])]
     pub restore: Option<PathBuf>,
     /// With `--restore`: the snapshot is untrusted and must be
     /// self-contained: no base snapshot (incremental chain), no file
@@ -123,8 +123,16 @@ pub struct VmmArgs {
     /// Guest vsock CID.
     #[arg(long, default_value_t = DEFAULT_CID)]
     pub cid: u64,
+    /// vCPUs that run from boot.
     #[arg(long, default_value_t = DEFAULT_VCPUS)]
     pub vcpus: u8,
+    /// vCPUs the VM has room for (default: `--vcpus`). Those past
+    /// `--vcpus` are present to the guest (MP table) but not started
+    /// (`maxcpus=` on its command line) and never run until the control
+    /// API's `set_vcpus` grants them: a guest that tries to start one on
+    /// its own gets no answer.
+    #[arg(long)]
+    pub max_vcpus: Option<u8>,
     /// Guest memory in MiB.
     #[arg(long = "mem", default_value_t = DEFAULT_MEM_MIB)]
     pub mem_mib: u64,
@@ -180,6 +188,7 @@ impl VmmArgs {
             vsock: None,
             cid: DEFAULT_CID,
             vcpus: DEFAULT_VCPUS,
+            max_vcpus: None,
             mem_mib: DEFAULT_MEM_MIB,
             serial_log: None,
             serial_log_max: DEFAULT_SERIAL_LOG_MAX,
@@ -237,6 +246,9 @@ impl VmmArgs {
                 }
                 flag("cid", self.cid.to_string().into());
                 flag("vcpus", self.vcpus.to_string().into());
+                if let Some(m) = self.max_vcpus {
+                    flag("max-vcpus", m.to_string().into());
+                }
                 flag("mem", self.mem_mib.to_string().into());
                 if self.disk_slots > 0 {
                     flag("disk-slots", self.disk_slots.to_string().into());
@@ -372,6 +384,7 @@ mod tests {
             vsock: Some("/s/v".into()),
             cid: 7,
             vcpus: 4,
+            max_vcpus: Some(6),
             mem_mib: 1024,
             serial_log: Some("/s/console log".into()),
             api: Some("/s/a".into()),
@@ -434,6 +447,7 @@ mod tests {
             "kernel or restore is required"
         );
         assert!(VmmArgs::parse_argv(["run", "--restore", "/s", "--vcpus", "2"]).is_err());
+        assert!(VmmArgs::parse_argv(["run", "--restore", "/s", "--max-vcpus", "2"]).is_err());
         assert!(
             VmmArgs::parse_argv(["run", "--kernel", "/k", "--paused"]).is_err(),
             "--paused needs --api"

@@ -7,6 +7,7 @@
 //! {"cmd":"pause"}                                  -> {"ok":true,"state":"paused"}
 //! {"cmd":"snapshot","dir":"/s","incremental":false} -> {"ok":true,"state":"paused","snapshot":{...}}
 //! {"cmd":"attach_disk","slot":0,"path":"/c.img","read_only":false} -> {"ok":true,"state":"running"}
+//! {"cmd":"set_vcpus","count":2}                   -> {"ok":true,"state":"running"}
 //! {"cmd":"resume"} (VM exited)                     -> {"ok":false,"error":{"kind":"invalid_state","message":"..."}}
 //! events: {"event":"paused"}, {"event":"exit","reason":"poweroff","success":true}, ...
 //! ```
@@ -53,6 +54,13 @@ pub enum Command {
     #[serde(rename = "detach_disk")]
     DetachDisk {
         slot: u32,
+    },
+    /// Let the first `count` vCPUs run (`--max-vcpus`): the guest can then
+    /// bring the new ones online. Fewer than run already changes nothing
+    /// (vCPUs are only added); more than the VM has is an error.
+    #[serde(rename = "set_vcpus")]
+    SetVcpus {
+        count: u8,
     },
 }
 
@@ -227,6 +235,11 @@ mod tests {
             Command::DetachDisk { slot: 0 }
         );
         assert!(parse(br#"{"cmd":"attach_disk","slot":-1,"path":"/c"}"#).is_err());
+        assert_eq!(
+            parse(br#"{"cmd":"set_vcpus","count":3}"#).unwrap(),
+            Command::SetVcpus { count: 3 }
+        );
+        assert!(parse(br#"{"cmd":"set_vcpus","count":256}"#).is_err());
         assert!(parse(b"\xff").is_err());
         // What a client writes is what the VMM parses.
         let cmd = Command::Snapshot {

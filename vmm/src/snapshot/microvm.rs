@@ -96,6 +96,10 @@ pub struct MicrovmState {
     /// Identifies this snapshot (incremental ones name their base's).
     pub id: u64,
     pub vcpu_count: u8,
+    /// vCPUs allowed to run (`--max-vcpus`, `set_vcpus`); none: all of
+    /// them (snapshots from before it existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vcpus_running: Option<u8>,
     pub mem_mib: u64,
     pub memory: MemoryState,
     pub vm: VmState,
@@ -166,6 +170,9 @@ pub fn validate(state: &MicrovmState) -> Result<(), RestoreError> {
             state.vcpus.len(),
             state.vcpu_count
         )));
+    }
+    if let Some(r) = state.vcpus_running.filter(|r| *r == 0 || *r > state.vcpu_count) {
+        return Err(invalid(format!("{r} running vCPUs of {}", state.vcpu_count)));
     }
     if let Some((i, v)) = state.vcpus.iter().enumerate().find(|(i, v)| v.id != *i) {
         return Err(invalid(format!("vCPU state {i} says it is vCPU {}", v.id)));

@@ -214,6 +214,7 @@ impl Vmm {
             vm,
             mem,
             vcpu_count: state.vcpu_count,
+            vcpus_running: state.vcpus_running.unwrap_or(state.vcpu_count),
             mem_mib: state.mem_mib,
             dirty_log,
             last_snapshot: Some((dir, state.id)),

@@ -177,6 +177,7 @@ impl Vmm {
         let state = MicrovmState {
             id,
             vcpu_count: self.vcpu_count,
+            vcpus_running: Some(self.control.running()),
             mem_mib: self.mem_mib,
             memory: MemoryState { regions, kind },
             vm,

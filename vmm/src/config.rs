@@ -42,6 +42,9 @@ pub struct VmConfig {
     pub net: Option<NetConfig>,
     pub vcpus: u8,
     pub mem_mib: u64,
+    /// `--mem-max`: the guest may grow to this through virtio-mem
+    /// (`None`: no virtio-mem device).
+    pub mem_max_mib: Option<u64>,
     pub serial: SerialOutput,
     /// Forward stdin to the serial port (standalone mode on a terminal).
     pub serial_stdin: bool,
@@ -59,6 +62,7 @@ impl VmConfig {
             net: None,
             vcpus: 1,
             mem_mib: 256,
+            mem_max_mib: None,
             serial: SerialOutput::Stdout,
             serial_stdin: false,
         }

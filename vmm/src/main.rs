@@ -220,6 +220,7 @@ fn build(args: &RunArgs) -> anyhow::Result<(Vmm, Option<UnixListener>)> {
     });
     config.vcpus = args.vcpus;
     config.mem_mib = args.mem_mib;
+    config.mem_max_mib = args.mem_max_mib;
     (config.serial, config.serial_stdin) = serial_config(args);
     let api = bind_api(args)?;
     let vmm = Vmm::build(&config).context("building the VM")?;

@@ -76,7 +76,7 @@ pub struct VmmArgs {
     /// (in order; sizes must match; the read-only flag comes from the
     /// snapshot), and after them those of the filled block slots (in slot
     /// order), `--vsock` the recorded socket path.
-    #[arg(long, conflicts_with_all = ["kernel", "initrd", "cmdline", "append", "vcpus", "mem_mib", "cid", "disk_slots"])]
+    #[arg(long, conflicts_with_all = ["kernel", "initrd", "cmdline", "append", "vcpus", "mem_mib", "mem_max_mib", "cid", "disk_slots"])]
     pub restore: Option<PathBuf>,
     /// With `--restore`: the snapshot is untrusted and must be
     /// self-contained: no base snapshot (incremental chain), no file
@@ -128,6 +128,11 @@ pub struct VmmArgs {
     /// Guest memory in MiB.
     #[arg(long = "mem", default_value_t = DEFAULT_MEM_MIB)]
     pub mem_mib: u64,
+    /// Largest guest memory in MiB the control API's `resize_memory` may
+    /// grow the VM to (virtio-mem; costs nothing until used). Absent: no
+    /// virtio-mem device, the memory stays `--mem`.
+    #[arg(long = "mem-max")]
+    pub mem_max_mib: Option<u64>,
     /// Write the serial console to this file instead of stdout.
     #[arg(long)]
     pub serial_log: Option<PathBuf>,
@@ -181,6 +186,7 @@ impl VmmArgs {
             cid: DEFAULT_CID,
             vcpus: DEFAULT_VCPUS,
             mem_mib: DEFAULT_MEM_MIB,
+            mem_max_mib: None,
             serial_log: None,
             serial_log_max: DEFAULT_SERIAL_LOG_MAX,
             log_max: DEFAULT_LOG_MAX,
@@ -238,6 +244,9 @@ impl VmmArgs {
                 flag("cid", self.cid.to_string().into());
                 flag("vcpus", self.vcpus.to_string().into());
                 flag("mem", self.mem_mib.to_string().into());
+                if let Some(m) = self.mem_max_mib {
+                    flag("mem-max", m.to_string().into());
+                }
                 if self.disk_slots > 0 {
                     flag("disk-slots", self.disk_slots.to_string().into());
                 }
@@ -373,6 +382,7 @@ mod tests {
             cid: 7,
             vcpus: 4,
             mem_mib: 1024,
+            mem_max_mib: Some(4096),
             serial_log: Some("/s/console log".into()),
             api: Some("/s/a".into()),
             paused: true,
@@ -434,6 +444,7 @@ mod tests {
             "kernel or restore is required"
         );
         assert!(VmmArgs::parse_argv(["run", "--restore", "/s", "--vcpus", "2"]).is_err());
+        assert!(VmmArgs::parse_argv(["run", "--restore", "/s", "--mem-max", "2048"]).is_err());
         assert!(
             VmmArgs::parse_argv(["run", "--kernel", "/k", "--paused"]).is_err(),
             "--paused needs --api"

@@ -97,6 +97,10 @@ pub struct MicrovmState {
     pub id: u64,
     pub vcpu_count: u8,
     pub mem_mib: u64,
+    /// `--mem-max` of a VM with a virtio-mem device (its region is the
+    /// last of `memory.regions`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_max_mib: Option<u64>,
     pub memory: MemoryState,
     pub vm: VmState,
     pub vcpus: Vec<VcpuState>,

@@ -222,6 +222,7 @@ impl Vmm {
             mem,
             vcpu_count: state.vcpu_count,
             mem_mib: state.mem_mib,
+            mem_max_mib: state.mem_max_mib,
             dirty_log,
             last_snapshot: Some((dir, state.id)),
             pending_vcpus,

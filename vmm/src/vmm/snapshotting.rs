@@ -74,6 +74,9 @@ impl Vmm {
                 }
             }
         }
+        if self.mem_max_mib.is_some() {
+            return Err(err(ApiErrorKind::Unsupported, "snapshots of a VM with --mem-max are not supported yet"));
+        }
         let start = Instant::now();
         match self.state {
             VmState::Running => {
@@ -178,6 +181,7 @@ impl Vmm {
             id,
             vcpu_count: self.vcpu_count,
             mem_mib: self.mem_mib,
+            mem_max_mib: self.mem_max_mib,
             memory: MemoryState { regions, kind },
             vm,
             vcpus,

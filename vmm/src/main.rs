@@ -155,6 +155,7 @@ fn restore(args: &RunArgs, dir: &std::path::Path) -> anyhow::Result<(Vmm, Option
         disks_given: args.disks.len(),
         vcpus: args.expect_vcpus,
         mem_mib: args.expect_mem_mib,
+        mem_max_mib: args.expect_mem_max_mib,
     };
     let (state, chain) =
         microvm::load_expecting(dir, &expect).with_context(|| format!("snapshot {}", dir.display()))?;

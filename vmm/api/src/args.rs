@@ -91,6 +91,12 @@ pub struct VmmArgs {
     /// (MiB), the size the caller checked against its limits.
     #[arg(long = "expect-mem", requires = "restore")]
     pub expect_mem_mib: Option<u64>,
+    /// With `--restore` and `--expect-mem`: the snapshot's `--mem-max`
+    /// must be exactly this (MiB); without it, `--expect-mem` refuses a
+    /// snapshot with hotplug memory (which could grow past what the caller
+    /// checked).
+    #[arg(long = "expect-mem-max", requires = "expect_mem_mib")]
+    pub expect_mem_max_mib: Option<u64>,
     /// With `--restore`: an inherited descriptor of a packed memory file
     /// whose data `DIR/memory.map` places (`burrow_vmm_api::memory_map`),
     /// mapped privately over `DIR/memory` (then all holes) instead of
@@ -175,6 +181,7 @@ impl VmmArgs {
             self_contained: false,
             expect_vcpus: None,
             expect_mem_mib: None,
+            expect_mem_max_mib: None,
             packed_memory_fd: None,
             initrd: None,
             cmdline: BASE_CMDLINE.into(),
@@ -225,6 +232,9 @@ impl VmmArgs {
                 }
                 if let Some(m) = self.expect_mem_mib {
                     flag("expect-mem", m.to_string().into());
+                }
+                if let Some(m) = self.expect_mem_max_mib {
+                    flag("expect-mem-max", m.to_string().into());
                 }
                 if let Some(fd) = self.packed_memory_fd {
                     flag("packed-memory-fd", fd.to_string().into());
@@ -424,6 +434,7 @@ mod tests {
             self_contained: true,
             expect_vcpus: Some(2),
             expect_mem_mib: Some(512),
+            expect_mem_max_mib: Some(2048),
             packed_memory_fd: Some(7),
             ..VmmArgs::restore("/snap/vm-3".into())
         };

@@ -3,8 +3,7 @@
 
 use super::{lock, Vmm, VmmError};
 use crate::api::{ApiError, ApiErrorKind, Response};
-use crate::devices::virtio::mem::{region_for, BLOCK_SIZE};
-use crate::x86_64::e820;
+use crate::devices::virtio::mem::{vm_region, BLOCK_SIZE};
 
 const MIB: u64 = 1 << 20;
 
@@ -12,15 +11,7 @@ const MIB: u64 = 1 << 20;
 /// that may grow to `mem_max_mib`; `None` without `--mem-max` or when it
 /// equals `--mem`.
 pub(super) fn region(mem_mib: u64, mem_max_mib: Option<u64>) -> Result<Option<(u64, u64)>, VmmError> {
-    let Some(max) = mem_max_mib else {
-        return Ok(None);
-    };
-    if max < mem_mib || max > 1 << 20 {
-        return Err(VmmError::Config(format!(
-            "--mem-max must be at least --mem ({mem_mib} MiB) and at most 1 TiB, got {max} MiB"
-        )));
-    }
-    Ok(region_for(e820::ram_end(mem_mib * MIB), (max - mem_mib) * MIB))
+    vm_region(mem_mib, mem_max_mib).map_err(|e| VmmError::Config(e.to_string()))
 }
 
 impl Vmm {

@@ -71,6 +71,21 @@ pub fn region_for(ram_end: u64, extra: u64) -> Option<(u64, u64)> {
     Some((start, size))
 }
 
+/// The hotplug region of a VM with `mem_mib` of RAM that may grow to
+/// `mem_max_mib` (`None`: no `--mem-max`, or equal to `--mem`).
+pub fn vm_region(mem_mib: u64, mem_max_mib: Option<u64>) -> Result<Option<(u64, u64)>, MemError> {
+    let Some(max) = mem_max_mib else {
+        return Ok(None);
+    };
+    if max < mem_mib || max > 1 << 20 {
+        return Err(MemError::Region(format!(
+            "--mem-max must be at least --mem ({mem_mib} MiB) and at most 1 TiB, got {max} MiB"
+        )));
+    }
+    let ram_end = crate::x86_64::e820::ram_end(mem_mib << 20);
+    Ok(region_for(ram_end, (max - mem_mib) << 20))
+}
+
 /// Map `size` bytes of host memory for the region at guest address
 /// `addr`: private, anonymous, no swap reserved, and `PROT_NONE` until
 /// blocks are plugged.
@@ -178,6 +193,10 @@ impl Mem {
     pub fn requested_size(&self) -> u64 {
         self.requested_size
     }
+    /// Bit `i` of word `i / 64`: block `i` is plugged.
+    pub fn bitmap(&self) -> &[u64] {
+        &self.bitmap
+    }
 
     fn blocks(&self) -> u64 {
         self.region_size / BLOCK_SIZE
@@ -279,9 +298,24 @@ impl Mem {
         set_protection(mem, self.addr + first * BLOCK_SIZE, count * BLOCK_SIZE, plugged)
     }
 
+    /// Mark freshly plugged blocks as written by the VMM (the region's
+    /// dirty bitmap), so an incremental snapshot records their new (zero)
+    /// contents over what a base snapshot had there before an unplug.
+    fn mark_dirty(&self, first: u64, count: u64) {
+        let Some(mem) = &self.host else {
+            return;
+        };
+        if let Some(r) = mem.find_region(GuestAddress(self.addr)) {
+            let mapping: &vm_memory::mmap::MmapRegion<AtomicBitmap> = r;
+            if let (Ok(off), Ok(len)) = (usize::try_from(first * BLOCK_SIZE), usize::try_from(count * BLOCK_SIZE)) {
+                mapping.bitmap().set_addr_range(off, len);
+            }
+        }
+    }
+
     /// Re-apply the bitmap to the host mapping: plugged blocks read-write,
-    /// the others `PROT_NONE` (after a restore, whose mapping is all
-    /// read-write).
+    /// the others discarded and `PROT_NONE` (after a restore, whose
+    /// mapping of the memory file is all read-write).
     pub(crate) fn apply_protection(&self) -> Result<(), MemError> {
         let mut b = 0;
         while b < self.blocks() {
@@ -294,14 +328,8 @@ impl Mem {
                 return Ok(());
             };
             let (addr, len) = (self.addr + b * BLOCK_SIZE, n * BLOCK_SIZE);
-            if p {
-                set_protection(mem, addr, len, true)?;
-            } else {
-                // Keep what the snapshot mapped (a file, MAP_PRIVATE): only
-                // take access away; the guest never sees it again before a
-                // plug, and Linux does not expect plugged memory zeroed.
-                mprotect(mem, addr, len, libc::PROT_NONE)?;
-            }
+            // Unplugged: also drop what a restore's overlays copied there.
+            set_protection(mem, addr, len, p)?;
             b += n;
         }
         Ok(())
@@ -323,6 +351,7 @@ impl Mem {
         }
         self.set_bits(first, count, true);
         self.plugged_size += size;
+        self.mark_dirty(first, count);
         RESP_ACK
     }
 

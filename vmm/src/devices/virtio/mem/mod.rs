@@ -15,5 +15,5 @@ pub mod persist;
 mod tests;
 
 pub use device::{
-    hotplug_mapping, region_for, Mem, MemError, BLOCK_SIZE, REGION_ALIGN,
+    hotplug_mapping, region_for, vm_region, Mem, MemError, BLOCK_SIZE, REGION_ALIGN,
 };

@@ -238,7 +238,9 @@ impl Vmm {
             virtio.push(Box::new(Net::new(tap, n.mac.0)?));
         }
         if let Some((addr, size)) = hotplug {
-            virtio.push(Box::new(Mem::new(addr, size, Some(mem.clone()))?));
+            let m = Mem::new(addr, size, Some(mem.clone()))?;
+            m.guard_region()?;
+            virtio.push(Box::new(m));
         }
         let mut devices = Vec::new();
         let mut mmio = Vec::new();

@@ -1005,3 +1005,29 @@ fn resize_memory_without_mem_max_is_unsupported() {
     request(&mut s, "stop");
     assert_eq!(child.wait().unwrap().code(), Some(0));
 }
+
+/// A hostile guest drives the virtio-mem device itself (MMIO window 0)
+/// with its virtqueue in the hotplug region, which it never plugged: the
+/// VMM must not die of SIGSEGV reading the ring but end the VM with
+/// status 1 and a message saying why.
+#[test]
+fn a_queue_in_unplugged_memory_ends_the_vm_with_a_message() {
+    let d = tmpdir("memqueue");
+    let mut c = Code::default();
+    let mut g = Garbage { c: &mut c, base: 0xd000_0000, queues: 1, rings: 0x1_0000 };
+    g.handshake();
+    // Rings at 4 GiB: the start of the (unplugged) hotplug region.
+    g.queue(0, 1 << 32, (1 << 32) + 0x100, (1 << 32) + 0x200, true);
+    g.driver_ok();
+    g.reg(mmio::REG_QUEUE_NOTIFY, 0);
+    c.0.extend_from_slice(&print32(b"still here\n"));
+    c.0.extend_from_slice(&[0xeb, 0xfe]); // jmp $
+    let k = kernel(&d, &c.0, true);
+    let out = run_with_timeout(
+        vmm(&["--kernel", k.to_str().unwrap(), "--mem-max", "160"]),
+        Duration::from_secs(20),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "status {:?}, stderr {stderr}", out.status);
+    assert!(stderr.contains("has not plugged"), "{stderr}");
+}

@@ -195,7 +195,9 @@ impl Vmm {
                 }
                 DeviceState::Mem(m) => {
                     let host = Some(mem.clone());
-                    Box::new(Mem::restore(MemContext { host, device: ctx }, m).map_err(|e| dev_err(&e))?)
+                    let m = Mem::restore(MemContext { host, device: ctx }, m).map_err(|e| dev_err(&e))?;
+                    m.guard_region().map_err(|e| dev_err(&e))?;
+                    Box::new(m)
                 }
                 DeviceState::Unsupported(_) => return Err(dev_err(&"unsupported")),
             };

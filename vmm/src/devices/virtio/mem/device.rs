@@ -198,6 +198,16 @@ impl Mem {
         &self.bitmap
     }
 
+    /// End the VM, with a message, if device emulation touches an
+    /// unplugged block of this region (see [`super::guard`]).
+    pub fn guard_region(&self) -> Result<(), MemError> {
+        let Some(mem) = &self.host else {
+            return Ok(());
+        };
+        let (p, n) = host_range(mem, self.addr, self.region_size)?;
+        super::guard::install(p.cast(), n).map_err(MemError::Protect)
+    }
+
     fn blocks(&self) -> u64 {
         self.region_size / BLOCK_SIZE
     }

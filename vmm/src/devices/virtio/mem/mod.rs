@@ -8,8 +8,10 @@
 //! (a guest touching one makes KVM_RUN fail with EFAULT) and their pages
 //! are discarded (`MADV_DONTNEED`). Anything that walks all of guest
 //! memory (snapshots) must skip unplugged blocks: see [`Mem::plugged_ranges`].
+//! Device emulation reaching an unplugged block ends the VM: see [`guard`].
 
 mod device;
+pub mod guard;
 pub mod persist;
 #[cfg(test)]
 mod tests;

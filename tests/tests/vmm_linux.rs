@@ -288,3 +288,95 @@ fn vsock_round_trips_both_ways_and_api_stop() {
     drop(s);
     let _ = std::fs::remove_dir_all(Path::new(&dir));
 }
+
+/// The guest's MemTotal (kB) in the last `memtotal` line on the console.
+fn last_memtotal(serial: &str) -> Option<u64> {
+    serial
+        .lines()
+        .filter_map(|l| l.strip_prefix("BURROW-VMM-TEST: memtotal "))
+        .filter_map(|v| v.trim().parse().ok())
+        .next_back()
+}
+
+/// Send one control-API request and return its response (events skipped).
+fn api_request(c: &mut BufReader<UnixStream>, line: &str) -> serde_json::Value {
+    c.get_mut().write_all(format!("{line}\n").as_bytes()).unwrap();
+    loop {
+        let l = read_line(c);
+        assert!(!l.is_empty(), "API closed while waiting for an answer to {line}");
+        if l.starts_with("{\"ok\"") {
+            return serde_json::from_str(&l).unwrap();
+        }
+    }
+}
+
+/// `--mem 256 --mem-max 1024`: the guest boots with 256 MiB and a
+/// virtio-mem device; `resize_memory` to 768 makes it plug 512 MiB, which
+/// `status` reports once plugged, MemTotal grows by that much, and the
+/// guest can fill more than it booted with.
+#[test]
+fn memory_grows_through_virtio_mem() {
+    let _one = ONE_VM.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = burrow_tests::scratch_dir("vmm-linux-mem-api");
+    let api = dir.join("api.sock");
+    let mut vm = start("mem", "memory", &["--mem-max", "1024", "--api", api.to_str().unwrap()]);
+    vm.wait_for_serial("BURROW-VMM-TEST: memtotal");
+    let before = last_memtotal(&vm.serial_text()).unwrap();
+    assert!(before < 256 * 1024, "booted with at most --mem: {before} kB\n{}", vm.diagnostics());
+
+    let c = UnixStream::connect(&api).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut c = BufReader::new(c);
+    let status = api_request(&mut c, r#"{"cmd":"status"}"#);
+    assert_eq!(
+        status["memory"],
+        serde_json::json!({"base_mib": 256, "max_mib": 1024, "requested_mib": 256, "plugged_mib": 256}),
+        "{status}"
+    );
+    let r = api_request(&mut c, r#"{"cmd":"resize_memory","mib":2048}"#);
+    assert_eq!(r["error"]["kind"], "invalid_request", "{r}");
+    let r = api_request(&mut c, r#"{"cmd":"resize_memory","mib":768}"#);
+    assert_eq!(r["ok"], true, "{r}");
+    assert_eq!(r["memory"]["requested_mib"], 768, "{r}");
+
+    // The guest plugs asynchronously: wait for status to say it is done.
+    let start = Instant::now();
+    loop {
+        let s = api_request(&mut c, r#"{"cmd":"status"}"#);
+        if s["memory"]["plugged_mib"] == 768 {
+            break;
+        }
+        assert!(
+            start.elapsed() < BOOT_TIMEOUT,
+            "the guest never plugged 512 MiB: {s}\n{}",
+            vm.diagnostics()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    eprintln!("virtio-mem: 512 MiB plugged {:?} after resize_memory", start.elapsed());
+    let grown = loop {
+        let now = last_memtotal(&vm.serial_text()).unwrap_or(0);
+        if now >= before + 500 * 1024 {
+            break now;
+        }
+        assert!(start.elapsed() < BOOT_TIMEOUT, "MemTotal stayed {now} kB\n{}", vm.diagnostics());
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert!(
+        (before + 500 * 1024..=before + 520 * 1024).contains(&grown),
+        "MemTotal grew from {before} to {grown} kB, expected about 512 MiB more\n{}",
+        vm.diagnostics()
+    );
+    vm.wait_for_serial("BURROW-VMM-TEST: fill");
+    assert!(
+        vm.serial_text().contains("BURROW-VMM-TEST: filled 400 MiB"),
+        "{}",
+        vm.diagnostics()
+    );
+
+    c.get_mut().write_all(b"{\"cmd\":\"stop\"}\n").unwrap();
+    let mut rest = String::new();
+    let _ = c.read_to_string(&mut rest);
+    assert_eq!(vm.wait_exit().code(), Some(0), "{}", vm.diagnostics());
+    let _ = std::fs::remove_dir_all(&dir);
+}

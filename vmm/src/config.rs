@@ -45,6 +45,9 @@ pub struct VmConfig {
     /// vCPUs the VM has (none: `vcpus`); the rest wait for a grant.
     pub max_vcpus: Option<u8>,
     pub mem_mib: u64,
+    /// `--mem-max`: the guest may grow to this through virtio-mem
+    /// (`None`: no virtio-mem device).
+    pub mem_max_mib: Option<u64>,
     pub serial: SerialOutput,
     /// Forward stdin to the serial port (standalone mode on a terminal).
     pub serial_stdin: bool,
@@ -63,6 +66,7 @@ impl VmConfig {
             vcpus: 1,
             max_vcpus: None,
             mem_mib: 256,
+            mem_max_mib: None,
             serial: SerialOutput::Stdout,
             serial_stdin: false,
         }

@@ -155,6 +155,7 @@ fn restore(args: &RunArgs, dir: &std::path::Path) -> anyhow::Result<(Vmm, Option
         disks_given: args.disks.len(),
         vcpus: args.expect_vcpus,
         mem_mib: args.expect_mem_mib,
+        mem_max_mib: args.expect_mem_max_mib,
     };
     let (state, chain) =
         microvm::load_expecting(dir, &expect).with_context(|| format!("snapshot {}", dir.display()))?;
@@ -221,6 +222,7 @@ fn build(args: &RunArgs) -> anyhow::Result<(Vmm, Option<UnixListener>)> {
     config.vcpus = args.vcpus;
     config.max_vcpus = args.max_vcpus;
     config.mem_mib = args.mem_mib;
+    config.mem_max_mib = args.mem_max_mib;
     (config.serial, config.serial_stdin) = serial_config(args);
     let api = bind_api(args)?;
     let vmm = Vmm::build(&config).context("building the VM")?;

@@ -366,6 +366,12 @@ fn run_until_exit(id: usize, vcpu: &mut VcpuFd, bus: &Bus, ctl: &VcpuControl) ->
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
                 vcpu.set_kvm_immediate_exit(0);
             }
+            Err(e) if e.errno() == libc::EFAULT => {
+                return Some(ExitReason::Error(format!(
+                    "vcpu{id}: KVM_RUN failed with EFAULT: the guest touched memory it has not plugged \
+                     (virtio-mem) or that the host cannot back: {e}"
+                )))
+            }
             Err(e) => return Some(ExitReason::Error(format!("vcpu{id}: KVM_RUN failed: {e}"))),
         }
     }

@@ -8,6 +8,7 @@
 //! with no ACPI a `poweroff` only halts its CPUs, and such a VM stays until
 //! it is stopped, as in Firecracker.
 
+mod hotplug;
 mod restoring;
 mod slots;
 mod snapshotting;
@@ -41,6 +42,7 @@ use crate::config::{SerialOutput, VmConfig};
 use crate::devices::i8042::I8042;
 use crate::devices::serial::{IrqEvt, Serial, SerialOut};
 use crate::devices::virtio::block::Block;
+use crate::devices::virtio::mem::Mem;
 use crate::devices::virtio::mmio::{MmioTransport, REG_QUEUE_NOTIFY};
 use crate::devices::virtio::net::{Net, Tap};
 use crate::devices::virtio::vsock::Vsock;
@@ -76,6 +78,8 @@ pub enum VmmError {
     Vsock(#[from] crate::devices::virtio::vsock::VsockError),
     #[error(transparent)]
     Net(#[from] crate::devices::virtio::net::NetError),
+    #[error(transparent)]
+    HotplugMemory(#[from] crate::devices::virtio::mem::MemError),
     #[error("{0}: {1}")]
     Io(&'static str, #[source] std::io::Error),
     #[error("cannot restore the snapshot: {0}")]
@@ -137,6 +141,8 @@ pub struct Vmm {
     mem: GuestMemoryMmap,
     vcpu_count: u8,
     mem_mib: u64,
+    /// `--mem-max` (a virtio-mem device), if any.
+    mem_max_mib: Option<u64>,
     /// KVM logs guest writes to memory (needed for incremental snapshots).
     dirty_log: bool,
     /// The snapshot an incremental one would be based on: its directory and id.
@@ -184,7 +190,8 @@ impl Vmm {
         let slots = usize::try_from(config.disk_slots).unwrap_or(usize::MAX);
         let devices_wanted = config.disks.len().saturating_add(slots)
             + usize::from(config.vsock.is_some())
-            + usize::from(config.net.is_some());
+            + usize::from(config.net.is_some())
+            + usize::from(config.mem_max_mib.is_some());
         if devices_wanted > (IRQ_MAX - IRQ_VIRTIO_START + 1) as usize {
             return Err(VmmError::Config(format!("too many devices: {devices_wanted}")));
         }
@@ -197,8 +204,16 @@ impl Vmm {
             .into_iter()
             .map(|(s, l)| (GuestAddress(s), l as usize))
             .collect();
-        let mem = GuestMemoryMmap::from_ranges(&ranges)
+        let mut mem = GuestMemoryMmap::from_ranges(&ranges)
             .map_err(|e| VmmError::Memory(e.to_string()))?;
+        let hotplug = hotplug::region(config.mem_mib, config.mem_max_mib)?;
+        if let Some((addr, size)) = hotplug {
+            // Its own region (so its own KVM slot), all PROT_NONE until plugged.
+            let region = crate::devices::virtio::mem::hotplug_mapping(addr, size)?;
+            mem = mem
+                .insert_region(Arc::new(region))
+                .map_err(|e| VmmError::Memory(e.to_string()))?;
+        }
         register_memory(&vm, &mem, false)?;
 
         // Legacy devices.
@@ -229,6 +244,11 @@ impl Vmm {
         if let Some(n) = &config.net {
             let tap = Tap::open(&n.tap).map_err(crate::devices::virtio::net::NetError::from)?;
             virtio.push(Box::new(Net::new(tap, n.mac.0)?));
+        }
+        if let Some((addr, size)) = hotplug {
+            let m = Mem::new(addr, size, Some(mem.clone()))?;
+            m.guard_region()?;
+            virtio.push(Box::new(m));
         }
         let mut devices = Vec::new();
         let mut mmio = Vec::new();
@@ -298,6 +318,7 @@ impl Vmm {
             vcpu_count,
             vcpus_running: config.vcpus,
             mem_mib: config.mem_mib,
+            mem_max_mib: hotplug.and(config.mem_max_mib),
             dirty_log: false,
             last_snapshot: None,
             pending_vcpus,
@@ -320,6 +341,7 @@ impl Vmm {
             kick_ms: 0,
             vcpu_count: p.vcpu_count,
             mem_mib: p.mem_mib,
+            mem_max_mib: p.mem_max_mib,
             dirty_log: p.dirty_log,
             last_snapshot: p.last_snapshot,
             pending_vcpus: p.pending_vcpus,
@@ -385,7 +407,8 @@ impl Vmm {
     /// Run one API command; `files` are those its client passed.
     fn command(&mut self, cmd: Command, files: &mut Vec<std::fs::File>, events: &mut Vec<Event>) -> Result<Response, ExitReason> {
         Ok(match cmd {
-            Command::Status => Response::ok(self.state),
+            Command::Status => Response::ok(self.state).with_memory(self.memory_info()),
+            Command::ResizeMemory { mib } => self.resize_memory(mib),
             Command::Start => match self.state {
                 VmState::Created => match self.start() {
                     Ok(()) => {
@@ -672,6 +695,7 @@ struct Parts {
     /// vCPUs allowed to run (the first ones); the rest wait for a grant.
     vcpus_running: u8,
     mem_mib: u64,
+    mem_max_mib: Option<u64>,
     dirty_log: bool,
     last_snapshot: Option<(PathBuf, u64)>,
     pending_vcpus: Vec<VcpuFd>,

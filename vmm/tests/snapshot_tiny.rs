@@ -469,3 +469,84 @@ fn a_jailed_vmm_snapshots_into_passed_files_and_restores_jailed() {
     assert!(values.len() >= counter_values(&original).len() + 3);
     assert_continuous(&values, "jailed restore: before + after");
 }
+
+/// A VM with `--mem-max` (its virtio-mem region unplugged: a tiny guest
+/// has no driver) snapshots, restores with its requested size, and takes
+/// an incremental snapshot after the restore; its memory file covers RAM
+/// and the region but stores nothing of the unplugged region. A state
+/// whose virtio-mem part is tampered with is refused.
+#[test]
+fn a_vm_with_hotplug_memory_snapshots_and_restores() {
+    let d = tmpdir("hotplug");
+    let k = kernel(&d, COUNTER);
+    let (snap, inc) = (d.join("snap"), d.join("inc"));
+    let mut vm = spawn(&["--kernel", k.to_str().unwrap(), "--mem", "32", "--mem-max", "288"], &d.join("api0"), &d.join("log0"));
+    let r = vm.request(r#"{"cmd":"resize_memory","mib":160}"#);
+    assert_eq!(r["ok"], true, "{r}");
+    vm.wait_log("3 counter lines", |l| lines(l) >= 3);
+    let info = vm.snapshot(&snap, false);
+    assert_eq!(info["memory_bytes"], (32u64 + 256) << 20, "RAM and the region: {info}");
+    let used = std::fs::metadata(snap.join("memory")).map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512).unwrap();
+    assert!(used < 1 << 20, "the unplugged region is a hole: {used} bytes allocated");
+    vm.stop();
+    let original = std::fs::read_to_string(d.join("log0")).unwrap();
+
+    let mut vm = spawn(&["--restore", snap.to_str().unwrap()], &d.join("api1"), &d.join("log1"));
+    let m = vm.request(r#"{"cmd":"status"}"#)["memory"].clone();
+    assert_eq!(m, serde_json::json!({"base_mib": 32, "max_mib": 288, "requested_mib": 160, "plugged_mib": 32}));
+    vm.wait_log("3 more counter lines", |l| lines(l) >= 3);
+    let info = vm.snapshot(&inc, true);
+    assert!(info["memory_pages"].as_u64().unwrap() < 64, "{info}");
+    vm.stop();
+    let after = std::fs::read_to_string(d.join("log1")).unwrap();
+    assert_continuous(&counter_values(&format!("{original}{after}")), "restored VM with hotplug memory");
+    let mut vm = spawn(&["--restore", inc.to_str().unwrap()], &d.join("api2"), &d.join("log2"));
+    assert_eq!(vm.request(r#"{"cmd":"status"}"#)["memory"]["requested_mib"], 160);
+    vm.stop();
+
+    // An untrusted restore checking sizes must name the same --mem-max.
+    assert_refused(&snap, &d, &["--expect-mem", "32"], "may grow to Some(288) MiB");
+    assert_refused(&snap, &d, &["--expect-mem", "32", "--expect-mem-max", "1024"], "may grow to Some(288) MiB");
+    let vm = spawn(&["--restore", snap.to_str().unwrap(), "--paused", "--expect-mem", "32", "--expect-mem-max", "288"], &d.join("api3"), &d.join("log3"));
+    vm.stop();
+
+    // Tampered states: refused before anything is built.
+    let good = std::fs::read(snap.join("state")).unwrap();
+    let mem = std::fs::File::open(snap.join("memory")).unwrap();
+    let bad = d.join("bad");
+    std::fs::create_dir_all(&bad).unwrap();
+    let edited = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut v: serde_json::Value = burrow_vmm::snapshot::format::decode(&good).unwrap();
+        edit(&mut v);
+        std::fs::write(bad.join("state"), burrow_vmm::snapshot::format::encode(&v).unwrap()).unwrap();
+        let m = std::fs::File::create(bad.join("memory")).unwrap();
+        m.set_len(mem.metadata().unwrap().len()).unwrap();
+    };
+    let mem_dev = |v: &mut serde_json::Value| -> usize {
+        v["devices"].as_array().unwrap().iter().position(|d| d["device"].get("mem").is_some()).unwrap()
+    };
+    edited(&|v| {
+        let i = mem_dev(v);
+        v["devices"][i]["device"]["mem"]["plugged_size"] = (2u64 << 20).into();
+    });
+    assert_refused(&bad, &d, &[], "does not match the 0 blocks");
+    edited(&|v| {
+        let i = mem_dev(v);
+        v["devices"][i]["device"]["mem"]["bitmap"] = serde_json::json!([0]);
+    });
+    assert_refused(&bad, &d, &[], "bitmap has 1 words");
+    edited(&|v| {
+        let i = mem_dev(v);
+        v["devices"][i]["device"]["mem"]["addr"] = (8u64 << 30).into();
+    });
+    assert_refused(&bad, &d, &[], "is not the VM's hotplug region");
+    edited(&|v| {
+        let i = mem_dev(v);
+        v["devices"][i]["device"]["mem"]["requested_size"] = (1u64 << 30).into();
+    });
+    assert_refused(&bad, &d, &[], "requested size");
+    edited(&|v| v["mem_max_mib"] = serde_json::Value::Null);
+    assert_refused(&bad, &d, &[], "memory regions do not match");
+    edited(&|v| v["mem_max_mib"] = 16.into());
+    assert_refused(&bad, &d, &[], "does not fit 32 MiB");
+}

@@ -922,3 +922,112 @@ fn a_guest_writing_garbage_to_every_queue_notify_stays_contained() {
         );
     }
 }
+
+/// `--mem-max` gives the VM a virtio-mem device (alone here: MMIO window
+/// 0): `status` reports its memory, `resize_memory` refuses sizes outside
+/// `--mem`..=`--mem-max` or not in 2 MiB steps and sets the requested size
+/// in config space, which the guest (spinning on it) sees and prints.
+#[test]
+fn resize_memory_sets_the_requested_size_the_guest_reads() {
+    let d = tmpdir("memresize");
+    // l: mov eax, [0xd0000130] (requested_size, low half); test eax, eax; jz l
+    let mut code = vec![0xa1, 0x30, 0x01, 0x00, 0xd0, 0x85, 0xc0, 0x74, 0xf7];
+    code.extend_from_slice(&print32(b"resized\n"));
+    code.extend_from_slice(&RESET);
+    let k = kernel(&d, &code, true);
+    let api = d.join("api.sock");
+    let mut cmd = vmm(&["--kernel", k.to_str().unwrap(), "--mem-max", "288", "--api", api.to_str().unwrap()]);
+    let child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let start = Instant::now();
+    let stream = loop {
+        if let Ok(s) = UnixStream::connect(&api) {
+            break s;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "API socket never appeared");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut s = BufReader::new(stream);
+    let mut send = |line: &str| {
+        s.get_mut().write_all(format!("{line}\n").as_bytes()).unwrap();
+        loop {
+            let mut reply = String::new();
+            s.read_line(&mut reply).unwrap();
+            if reply.starts_with("{\"ok\"") {
+                return reply;
+            }
+        }
+    };
+    let r = send(r#"{"cmd":"status"}"#);
+    assert!(
+        r.contains(r#""memory":{"base_mib":32,"max_mib":288,"requested_mib":32,"plugged_mib":32}"#),
+        "{r}"
+    );
+    for bad in [16, 289, 33] {
+        let r = send(&format!(r#"{{"cmd":"resize_memory","mib":{bad}}}"#));
+        assert!(r.contains("invalid_request"), "{bad}: {r}");
+    }
+    let r = send(r#"{"cmd":"resize_memory","mib":160}"#);
+    assert!(r.contains(r#""ok":true"#) && r.contains(r#""requested_mib":160,"plugged_mib":32"#), "{r}");
+    let out = run_with_timeout_child(child, Duration::from_secs(20));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("resized"), "{stdout:?} {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(0));
+}
+
+#[test]
+fn resize_memory_without_mem_max_is_unsupported() {
+    let d = tmpdir("memnone");
+    let mut code = print32(b"x\n");
+    code.extend_from_slice(&[0xeb, 0xfe]); // jmp $
+    let k = kernel(&d, &code, true);
+    let api = d.join("api.sock");
+    let mut cmd = vmm(&["--kernel", k.to_str().unwrap(), "--api", api.to_str().unwrap()]);
+    let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let start = Instant::now();
+    let stream = loop {
+        if let Ok(s) = UnixStream::connect(&api) {
+            break s;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "API socket never appeared");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut s = BufReader::new(stream);
+    s.get_mut().write_all(b"{\"cmd\":\"resize_memory\",\"mib\":64}\n").unwrap();
+    let mut line = String::new();
+    while !line.starts_with("{\"ok\"") {
+        line.clear();
+        s.read_line(&mut line).unwrap();
+    }
+    assert!(line.contains("unsupported"), "{line}");
+    assert!(!request(&mut s, "status").contains("memory"));
+    request(&mut s, "stop");
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+}
+
+/// A hostile guest drives the virtio-mem device itself (MMIO window 0)
+/// with its virtqueue in the hotplug region, which it never plugged: the
+/// VMM must not die of SIGSEGV reading the ring but end the VM with
+/// status 1 and a message saying why.
+#[test]
+fn a_queue_in_unplugged_memory_ends_the_vm_with_a_message() {
+    let d = tmpdir("memqueue");
+    let mut c = Code::default();
+    let mut g = Garbage { c: &mut c, base: 0xd000_0000, queues: 1, rings: 0x1_0000 };
+    g.handshake();
+    // Rings at 4 GiB: the start of the (unplugged) hotplug region.
+    g.queue(0, 1 << 32, (1 << 32) + 0x100, (1 << 32) + 0x200, true);
+    g.driver_ok();
+    g.reg(mmio::REG_QUEUE_NOTIFY, 0);
+    c.0.extend_from_slice(&print32(b"still here\n"));
+    c.0.extend_from_slice(&[0xeb, 0xfe]); // jmp $
+    let k = kernel(&d, &c.0, true);
+    let out = run_with_timeout(
+        vmm(&["--kernel", k.to_str().unwrap(), "--mem-max", "160"]),
+        Duration::from_secs(20),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "status {:?}, stderr {stderr}", out.status);
+    assert!(stderr.contains("has not plugged"), "{stderr}");
+}

@@ -76,7 +76,7 @@ pub struct VmmArgs {
     /// (in order; sizes must match; the read-only flag comes from the
     /// snapshot), and after them those of the filled block slots (in slot
     /// order), `--vsock` the recorded socket path.
-    #[arg(long, conflicts_with_all = ["kernel", "initrd", "cmdline", "append", "vcpus", "max_vcpus", "mem_mib", "cid", "disk_slots"])]
+    #[arg(long, conflicts_with_all = ["kernel", "initrd", "cmdline", "append", "vcpus", "max_vcpus", "mem_mib", "mem_max_mib", "cid", "disk_slots"])]
     pub restore: Option<PathBuf>,
     /// With `--restore`: the snapshot is untrusted and must be
     /// self-contained: no base snapshot (incremental chain), no file
@@ -91,6 +91,12 @@ pub struct VmmArgs {
     /// (MiB), the size the caller checked against its limits.
     #[arg(long = "expect-mem", requires = "restore")]
     pub expect_mem_mib: Option<u64>,
+    /// With `--restore` and `--expect-mem`: the snapshot's `--mem-max`
+    /// must be exactly this (MiB); without it, `--expect-mem` refuses a
+    /// snapshot with hotplug memory (which could grow past what the caller
+    /// checked).
+    #[arg(long = "expect-mem-max", requires = "expect_mem_mib")]
+    pub expect_mem_max_mib: Option<u64>,
     /// With `--restore`: an inherited descriptor of a packed memory file
     /// whose data `DIR/memory.map` places (`burrow_vmm_api::memory_map`),
     /// mapped privately over `DIR/memory` (then all holes) instead of
@@ -136,6 +142,11 @@ pub struct VmmArgs {
     /// Guest memory in MiB.
     #[arg(long = "mem", default_value_t = DEFAULT_MEM_MIB)]
     pub mem_mib: u64,
+    /// Largest guest memory in MiB the control API's `resize_memory` may
+    /// grow the VM to (virtio-mem; costs nothing until used). Absent: no
+    /// virtio-mem device, the memory stays `--mem`.
+    #[arg(long = "mem-max")]
+    pub mem_max_mib: Option<u64>,
     /// Write the serial console to this file instead of stdout.
     #[arg(long)]
     pub serial_log: Option<PathBuf>,
@@ -178,6 +189,7 @@ impl VmmArgs {
             self_contained: false,
             expect_vcpus: None,
             expect_mem_mib: None,
+            expect_mem_max_mib: None,
             packed_memory_fd: None,
             initrd: None,
             cmdline: BASE_CMDLINE.into(),
@@ -190,6 +202,7 @@ impl VmmArgs {
             vcpus: DEFAULT_VCPUS,
             max_vcpus: None,
             mem_mib: DEFAULT_MEM_MIB,
+            mem_max_mib: None,
             serial_log: None,
             serial_log_max: DEFAULT_SERIAL_LOG_MAX,
             log_max: DEFAULT_LOG_MAX,
@@ -229,6 +242,9 @@ impl VmmArgs {
                 if let Some(m) = self.expect_mem_mib {
                     flag("expect-mem", m.to_string().into());
                 }
+                if let Some(m) = self.expect_mem_max_mib {
+                    flag("expect-mem-max", m.to_string().into());
+                }
                 if let Some(fd) = self.packed_memory_fd {
                     flag("packed-memory-fd", fd.to_string().into());
                 }
@@ -250,6 +266,9 @@ impl VmmArgs {
                     flag("max-vcpus", m.to_string().into());
                 }
                 flag("mem", self.mem_mib.to_string().into());
+                if let Some(m) = self.mem_max_mib {
+                    flag("mem-max", m.to_string().into());
+                }
                 if self.disk_slots > 0 {
                     flag("disk-slots", self.disk_slots.to_string().into());
                 }
@@ -386,6 +405,7 @@ mod tests {
             vcpus: 4,
             max_vcpus: Some(6),
             mem_mib: 1024,
+            mem_max_mib: Some(4096),
             serial_log: Some("/s/console log".into()),
             api: Some("/s/a".into()),
             paused: true,
@@ -427,6 +447,7 @@ mod tests {
             self_contained: true,
             expect_vcpus: Some(2),
             expect_mem_mib: Some(512),
+            expect_mem_max_mib: Some(2048),
             packed_memory_fd: Some(7),
             ..VmmArgs::restore("/snap/vm-3".into())
         };
@@ -448,6 +469,7 @@ mod tests {
         );
         assert!(VmmArgs::parse_argv(["run", "--restore", "/s", "--vcpus", "2"]).is_err());
         assert!(VmmArgs::parse_argv(["run", "--restore", "/s", "--max-vcpus", "2"]).is_err());
+        assert!(VmmArgs::parse_argv(["run", "--restore", "/s", "--mem-max", "2048"]).is_err());
         assert!(
             VmmArgs::parse_argv(["run", "--kernel", "/k", "--paused"]).is_err(),
             "--paused needs --api"

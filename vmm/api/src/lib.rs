@@ -30,7 +30,7 @@ pub use args::{
     Cli, DiskArg, VmmArgs, VmmCommand, BASE_CMDLINE, DEFAULT_LOG_MAX, DEFAULT_SERIAL_LOG_MAX,
 };
 pub use error::{ApiError, ErrorKind};
-pub use messages::{Command, Event, Line, Request, Response, SnapshotInfo, VmState, MAX_LINE};
+pub use messages::{Command, Event, Line, MemoryInfo, Request, Response, SnapshotInfo, VmState, MAX_LINE};
 pub use net::{Mac, NetArg, TapSource};
 
 /// `msg` as one JSON line (with its newline), the framing of both control

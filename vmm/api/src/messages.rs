@@ -8,6 +8,7 @@
 //! {"cmd":"snapshot","dir":"/s","incremental":false} -> {"ok":true,"state":"paused","snapshot":{...}}
 //! {"cmd":"attach_disk","slot":0,"path":"/c.img","read_only":false} -> {"ok":true,"state":"running"}
 //! {"cmd":"set_vcpus","count":2}                   -> {"ok":true,"state":"running"}
+//! {"cmd":"resize_memory","mib":768}                -> {"ok":true,"state":"running","memory":{...}}
 //! {"cmd":"resume"} (VM exited)                     -> {"ok":false,"error":{"kind":"invalid_state","message":"..."}}
 //! events: {"event":"paused"}, {"event":"exit","reason":"poweroff","success":true}, ...
 //! ```
@@ -62,6 +63,14 @@ pub enum Command {
     SetVcpus {
         count: u8,
     },
+    /// Ask the guest to make its memory `mib` MiB in all (between `--mem`
+    /// and `--mem-max`, in 2 MiB steps) through virtio-mem. Answered once
+    /// the request is set; the guest plugs (or unplugs) asynchronously:
+    /// [`Response::memory`] (from `status`) says how far it is.
+    #[serde(rename = "resize_memory")]
+    ResizeMemory {
+        mib: u64,
+    },
 }
 
 /// One request line.
@@ -109,6 +118,21 @@ pub struct SnapshotInfo {
     pub took_ms: u64,
 }
 
+/// Guest memory of a VM started with `--mem-max`, all in MiB and all
+/// totals (`--mem` included).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryInfo {
+    /// `--mem`: memory the VM always has.
+    pub base_mib: u64,
+    /// `--mem-max`: the most `resize_memory` may ask for.
+    pub max_mib: u64,
+    /// What the last `resize_memory` asked for (`base_mib` before any).
+    pub requested_mib: u64,
+    /// What the guest has now: `base_mib` plus what it plugged. Equal to
+    /// `requested_mib` once the guest has followed a resize.
+    pub plugged_mib: u64,
+}
+
 /// The answer to one request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Response {
@@ -119,6 +143,10 @@ pub struct Response {
     pub error: Option<ApiError>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub snapshot: Option<SnapshotInfo>,
+    /// The VM's memory, in answers to `status` and `resize_memory` of a VM
+    /// with `--mem-max` (absent otherwise and from older VMMs).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub memory: Option<MemoryInfo>,
 }
 
 /// A successful response's content.
@@ -126,6 +154,7 @@ pub struct Response {
 pub struct Answer {
     pub state: Option<VmState>,
     pub snapshot: Option<SnapshotInfo>,
+    pub memory: Option<MemoryInfo>,
 }
 
 impl Response {
@@ -135,7 +164,13 @@ impl Response {
             state: Some(state),
             error: None,
             snapshot: None,
+            memory: None,
         }
+    }
+    /// This answer with the VM's memory (if it has a virtio-mem device).
+    pub fn with_memory(mut self, memory: Option<MemoryInfo>) -> Self {
+        self.memory = memory;
+        self
     }
     pub fn err(error: ApiError) -> Self {
         Self {
@@ -143,6 +178,7 @@ impl Response {
             state: None,
             error: Some(error),
             snapshot: None,
+            memory: None,
         }
     }
     pub fn snapshot(state: VmState, info: SnapshotInfo) -> Self {
@@ -151,6 +187,7 @@ impl Response {
             state: Some(state),
             error: None,
             snapshot: Some(info),
+            memory: None,
         }
     }
 
@@ -160,6 +197,7 @@ impl Response {
             Ok(Answer {
                 state: self.state,
                 snapshot: self.snapshot,
+                memory: self.memory,
             })
         } else {
             Err(self.error.unwrap_or_else(|| {
@@ -240,6 +278,12 @@ mod tests {
             Command::SetVcpus { count: 3 }
         );
         assert!(parse(br#"{"cmd":"set_vcpus","count":256}"#).is_err());
+        assert_eq!(
+            parse(br#"{"cmd":"resize_memory","mib":768}"#).unwrap(),
+            Command::ResizeMemory { mib: 768 }
+        );
+        assert!(parse(br#"{"cmd":"resize_memory"}"#).is_err(), "mib is required");
+        assert!(parse(br#"{"cmd":"resize_memory","mib":-1}"#).is_err());
         assert!(parse(b"\xff").is_err());
         // What a client writes is what the VMM parses.
         let cmd = Command::Snapshot {
@@ -278,5 +322,14 @@ mod tests {
             Line::Response(Response::ok(VmState::Paused))
         );
         assert!(serde_json::from_str::<Line>(r#"{"hello":1}"#).is_err());
+        // Memory in a status answer; older answers without it still parse.
+        let m = MemoryInfo { base_mib: 256, max_mib: 1024, requested_mib: 768, plugged_mib: 512 };
+        let with = Response::ok(VmState::Running).with_memory(Some(m));
+        assert_eq!(
+            serde_json::to_string(&with).unwrap(),
+            r#"{"ok":true,"state":"running","memory":{"base_mib":256,"max_mib":1024,"requested_mib":768,"plugged_mib":512}}"#
+        );
+        assert_eq!(with.into_result().unwrap().memory, Some(m));
+        assert_eq!(line(r#"{"ok":true,"state":"running"}"#), Line::Response(Response::ok(VmState::Running)));
     }
 }

@@ -101,6 +101,10 @@ pub struct MicrovmState {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vcpus_running: Option<u8>,
     pub mem_mib: u64,
+    /// `--mem-max` of a VM with a virtio-mem device (its region is the
+    /// last of `memory.regions`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_max_mib: Option<u64>,
     pub memory: MemoryState,
     pub vm: VmState,
     pub vcpus: Vec<VcpuState>,
@@ -156,6 +160,129 @@ pub fn regions_for(mem_mib: u64) -> Vec<RegionState> {
         .collect()
 }
 
+/// The regions of a VM with `mem_mib` of RAM and `--mem-max` (its
+/// virtio-mem region last), or `None` if `mem_max_mib` is not valid.
+pub fn regions_with(mem_mib: u64, mem_max_mib: Option<u64>) -> Option<Vec<RegionState>> {
+    let mut regions = regions_for(mem_mib);
+    if let Some((guest_addr, size)) = crate::devices::virtio::mem::vm_region(mem_mib, mem_max_mib).ok()? {
+        regions.push(RegionState { guest_addr, size });
+    }
+    Some(regions)
+}
+
+/// Which parts of the virtio-mem region are plugged, for the code that
+/// walks all of guest memory: unplugged blocks are `PROT_NONE` (reading
+/// them would kill the VMM) and hold nothing worth keeping.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HotplugView {
+    /// The region's guest address and size.
+    pub addr: u64,
+    pub size: u64,
+    /// Bit `i` of word `i / 64`: block `i` is plugged (the device's bitmap).
+    pub bitmap: Vec<u64>,
+}
+
+impl HotplugView {
+    fn block_plugged(&self, block: u64) -> bool {
+        usize::try_from(block / 64)
+            .ok()
+            .and_then(|w| self.bitmap.get(w))
+            .is_some_and(|w| w & (1 << (block % 64)) != 0)
+    }
+
+    /// Whether guest address `addr` may be read (outside the region, or
+    /// in a plugged block).
+    pub fn readable(&self, addr: u64) -> bool {
+        match addr.checked_sub(self.addr) {
+            Some(off) if off < self.size => self.block_plugged(off / crate::devices::virtio::mem::BLOCK_SIZE),
+            _ => true,
+        }
+    }
+
+    /// The plugged ranges, as offsets into the region, merged.
+    fn plugged(&self) -> Vec<(u64, u64)> {
+        let bs = crate::devices::virtio::mem::BLOCK_SIZE;
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        for b in (0..self.size / bs).filter(|&b| self.block_plugged(b)) {
+            match out.last_mut() {
+                Some((s, l)) if *s + *l == b * bs => *l += bs,
+                _ => out.push((b * bs, bs)),
+            }
+        }
+        out
+    }
+}
+
+/// Write a full snapshot's memory: every region back to back, zero pages
+/// as holes; of the virtio-mem region (`hotplug`) only its plugged blocks
+/// (the rest stays a hole). Returns the pages written. The vCPUs must be
+/// paused.
+pub fn write_full(file: &File, mem: &GuestMemoryMmap, hotplug: Option<&HotplugView>) -> std::io::Result<u64> {
+    use super::memory::write_sparse;
+    let mut offset = 0u64;
+    let mut pages = 0;
+    for r in mem.iter() {
+        let len = r.len();
+        let pieces = match hotplug {
+            Some(h) if r.start_addr().0 == h.addr && len == h.size => h.plugged(),
+            _ => vec![(0, len)],
+        };
+        for (off, n) in pieces {
+            let (Ok(o), Ok(n)) = (usize::try_from(off), usize::try_from(n)) else {
+                return Err(std::io::Error::other("region too large"));
+            };
+            if o.checked_add(n).is_none_or(|e| e as u64 > len) {
+                return Err(std::io::Error::other("plugged range outside its region"));
+            }
+            // SAFETY: [o, o + n) lies inside the region's live mapping and
+            // is readable (RAM, or plugged blocks); the vCPUs are paused.
+            let slice = unsafe { std::slice::from_raw_parts(r.as_ptr().add(o), n) };
+            pages += write_sparse(file, offset + off, slice)?.pages_written;
+        }
+        offset += len;
+        if file.metadata()?.len() < offset {
+            file.set_len(offset)?;
+        }
+    }
+    Ok(pages)
+}
+
+/// `runs` without the pages `mem` cannot read (unplugged virtio-mem
+/// blocks): what an incremental snapshot writes.
+pub fn readable_runs(runs: &[PageRun], mem: &GuestMemoryMmap, hotplug: Option<&HotplugView>) -> Vec<PageRun> {
+    let Some(h) = hotplug else {
+        return runs.to_vec();
+    };
+    // Linear page number -> guest address, region by region.
+    let bases: Vec<(u64, u64, u64)> = {
+        let mut lin = 0u64;
+        mem.iter()
+            .map(|r| {
+                let at = (lin, r.len(), r.start_addr().0);
+                lin += r.len();
+                at
+            })
+            .collect()
+    };
+    let guest = |page: u64| {
+        let lin = page.checked_mul(PAGE_SIZE as u64)?;
+        bases.iter().find(|(b, l, _)| lin >= *b && lin < b + l).map(|(b, _, g)| g + (lin - b))
+    };
+    let mut out: Vec<PageRun> = Vec::new();
+    for r in runs {
+        for p in r.first..r.first.saturating_add(r.count) {
+            if !guest(p).is_some_and(|a| h.readable(a)) {
+                continue;
+            }
+            match out.last_mut() {
+                Some(last) if last.first + last.count == p => last.count += 1,
+                _ => out.push(PageRun { first: p, count: 1 }),
+            }
+        }
+    }
+    out
+}
+
 /// Structural checks of a state read from a file, before any of it is
 /// used: counts, the memory layout this build would give such a VM, page
 /// runs inside memory.
@@ -180,8 +307,39 @@ pub fn validate(state: &MicrovmState) -> Result<(), RestoreError> {
     if !(16..=(1 << 20)).contains(&state.mem_mib) {
         return Err(invalid(format!("{} MiB of memory", state.mem_mib)));
     }
-    if state.memory.regions != regions_for(state.mem_mib) {
+    let Some(regions) = regions_with(state.mem_mib, state.mem_max_mib) else {
+        return Err(invalid(format!("--mem-max {:?} MiB does not fit {} MiB of memory", state.mem_max_mib, state.mem_mib)));
+    };
+    if state.memory.regions != regions {
         return Err(invalid("memory regions do not match the VM's memory size"));
+    }
+    let mems: Vec<_> = state
+        .devices
+        .iter()
+        .filter_map(|d| match &d.device {
+            DeviceState::Mem(m) => Some(m),
+            _ => None,
+        })
+        .collect();
+    let hotplug = regions.get(regions_for(state.mem_mib).len());
+    match (mems.as_slice(), hotplug) {
+        ([], None) => {}
+        ([m], Some(r)) => {
+            if (m.addr, m.region_size) != (r.guest_addr, r.size) {
+                return Err(invalid(format!(
+                    "virtio-mem region {:#x}+{:#x} is not the VM's hotplug region {:#x}+{:#x}",
+                    m.addr, m.region_size, r.guest_addr, r.size
+                )));
+            }
+            crate::devices::virtio::mem::persist::check(m).map_err(invalid)?;
+        }
+        (m, _) => {
+            return Err(invalid(format!(
+                "{} virtio-mem devices for a VM with --mem-max {:?}",
+                m.len(),
+                state.mem_max_mib
+            )))
+        }
     }
     if state.devices.len() > MAX_DEVICES {
         return Err(invalid(format!("{} devices (at most {MAX_DEVICES})", state.devices.len())));

@@ -21,6 +21,8 @@ use crate::devices::serial::persist::SerialContext;
 use crate::devices::serial::{IrqEvt, Serial};
 use crate::devices::virtio::block::persist::BlockContext;
 use crate::devices::virtio::block::Block;
+use crate::devices::virtio::mem::persist::MemContext;
+use crate::devices::virtio::mem::{Mem, BLOCK_SIZE};
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::virtio::persist::{DeviceContext, DeviceState, MmioContext, VirtioPersistError};
 use crate::devices::virtio::queue::testing::{memory, DriverQueue, VIRTQ_DESC_F_WRITE};
@@ -157,8 +159,20 @@ fn device_from(fx: &Fixture, s: &crate::devices::virtio::persist::MmioState) -> 
         DeviceState::Block(b) => Box::new(Block::restore(BlockContext { path: fx.disk(), device: ctx }, b).unwrap()),
         DeviceState::Vsock(v) => Box::new(Vsock::restore(VsockContext { uds_path: fx.sock(), device: ctx }, v).unwrap()),
         DeviceState::Net(_) => panic!("the NIC's round trip is in devices/virtio/net/tests.rs"),
+        DeviceState::Mem(m) => Box::new(Mem::restore(MemContext { host: None, device: ctx }, m).unwrap()),
         DeviceState::Unsupported(t) => panic!("device type {t} has no snapshot support"),
     }
+}
+
+/// A virtio-mem device with memory requested (its host memory is not
+/// needed here: the plugged contents are the memory file's, see
+/// `devices/virtio/mem/tests.rs`).
+fn active_mem(fx: &Fixture) -> Mem {
+    let mut m = Mem::new(4 << 30, 256 << 20, None).unwrap();
+    let q = fx.queues(m.queue_max_sizes());
+    m.activate(fx.active(q)).unwrap();
+    m.set_requested_size(24 * BLOCK_SIZE).unwrap();
+    m
 }
 
 fn serial_with_input(_: &Fixture) -> Serial {
@@ -224,6 +238,29 @@ persist_round_trip!(
         assert_eq!(t.registers().features_sel, 1);
     }
 );
+
+persist_round_trip!(
+    mem_round_trip,
+    active_mem,
+    |fx: &Fixture, _: &_| MemContext { host: None, device: fx.device_ctx(VIRTIO_F_VERSION_1) },
+    |_: &Fixture, m: &Mem| {
+        assert!(m.is_activated());
+        assert_eq!((m.requested_size(), m.region_size()), (24 * BLOCK_SIZE, 256 << 20));
+    }
+);
+
+persist_round_trip!(
+    mmio_mem_round_trip,
+    |fx: &Fixture| transport(fx, Box::new(active_mem_unactivated())),
+    |fx: &Fixture, s: &_| MmioContext { device: device_from(fx, s), mem: fx.mem.clone(), irq: IrqTrigger::new().unwrap() },
+    |_: &Fixture, t: &MmioTransport| assert!(matches!(t.save().device, DeviceState::Mem(ref m) if m.requested_size == 4 * BLOCK_SIZE))
+);
+
+fn active_mem_unactivated() -> Mem {
+    let mut m = Mem::new(4 << 30, 128 << 20, None).unwrap();
+    m.set_requested_size(4 * BLOCK_SIZE).unwrap();
+    m
+}
 
 persist_round_trip!(
     mmio_vsock_round_trip,

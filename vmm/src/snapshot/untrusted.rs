@@ -27,6 +27,9 @@ pub struct Expect {
     pub disks_given: usize,
     pub vcpus: Option<u8>,
     pub mem_mib: Option<u64>,
+    /// With `mem_mib`: the `--mem-max` the state must have (`None`: no
+    /// hotplug memory at all).
+    pub mem_max_mib: Option<u64>,
 }
 
 /// Check `state` against `expect`; the error says what the snapshot asked
@@ -45,6 +48,12 @@ pub fn check(state: &MicrovmState, expect: &Expect) -> Result<(), String> {
             return Err(format!(
                 "the state has {} MiB of memory, the checkpoint says {m} MiB",
                 state.mem_mib
+            ));
+        }
+        if state.mem_max_mib != expect.mem_max_mib {
+            return Err(format!(
+                "the state may grow to {:?} MiB of memory (--mem-max), the checkpoint says {:?}",
+                state.mem_max_mib, expect.mem_max_mib
             ));
         }
     }

@@ -18,6 +18,8 @@ use crate::devices::serial::persist::SerialContext;
 use crate::devices::serial::{IrqEvt, Serial};
 use crate::devices::virtio::block::persist::BlockContext;
 use crate::devices::virtio::block::Block;
+use crate::devices::virtio::mem::persist::MemContext;
+use crate::devices::virtio::mem::Mem;
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::virtio::net::persist::NetContext;
 use crate::devices::virtio::net::{Net, Tap};
@@ -160,6 +162,7 @@ impl Vmm {
                 DeviceState::Block(_) => 1,
                 DeviceState::Vsock(_) => 3,
                 DeviceState::Net(_) => 2,
+                DeviceState::Mem(_) => 1,
                 DeviceState::Unsupported(t) => {
                     return Err(VmmError::Restore(format!("device {i}: type {t} cannot be restored")))
                 }
@@ -190,6 +193,12 @@ impl Vmm {
                     let tap = Tap::open(&source).map_err(|e| dev_err(&e))?;
                     Box::new(Net::restore(NetContext { tap, device: ctx }, n).map_err(|e| dev_err(&e))?)
                 }
+                DeviceState::Mem(m) => {
+                    let host = Some(mem.clone());
+                    let m = Mem::restore(MemContext { host, device: ctx }, m).map_err(|e| dev_err(&e))?;
+                    m.guard_region().map_err(|e| dev_err(&e))?;
+                    Box::new(m)
+                }
                 DeviceState::Unsupported(_) => return Err(dev_err(&"unsupported")),
             };
             let backend_fd = dev.backend_fd();
@@ -216,6 +225,7 @@ impl Vmm {
             vcpu_count: state.vcpu_count,
             vcpus_running: state.vcpus_running.unwrap_or(state.vcpu_count),
             mem_mib: state.mem_mib,
+            mem_max_mib: state.mem_max_mib,
             dirty_log,
             last_snapshot: Some((dir, state.id)),
             pending_vcpus,

@@ -15,7 +15,7 @@ use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 use super::{lock, Vmm};
 use crate::api::{failure_kind, ApiError, ApiErrorKind, Event, SnapshotInfo, VmState};
 use crate::devices::virtio::persist::DeviceState;
-use crate::snapshot::memory::{write_sparse, PAGE_SIZE};
+use crate::snapshot::memory::PAGE_SIZE;
 use crate::snapshot::microvm::{
     self, MemoryKind, MemoryState, MicrovmState, PageRun, MEMORY_FILE, STATE_FILE,
 };
@@ -147,20 +147,23 @@ impl Vmm {
                 (File::create(&tmp).map_err(io("cannot create", &tmp))?, None, tmp)
             }
         };
-        let regions = microvm::regions_for(self.mem_mib);
+        let regions = microvm::regions_with(self.mem_mib, self.mem_max_mib)
+            .ok_or_else(|| err(ApiErrorKind::Internal, "the VM's --mem-max has no region"))?;
+        let hotplug = self.devices.iter().find_map(|d| {
+            let mut t = lock(&d.transport);
+            let m = t.device_mut().as_mem()?;
+            Some(microvm::HotplugView { addr: m.addr(), size: m.region_size(), bitmap: m.bitmap().to_vec() })
+        });
         let (kind, pages) = match base {
             None => {
-                let mut offset = 0u64;
-                let mut pages = 0;
-                for slice in microvm::region_slices(&self.mem) {
-                    pages += write_sparse(&file, offset, slice).map_err(io("cannot write", &tmp))?.pages_written;
-                    offset += slice.len() as u64;
-                }
+                // Unplugged virtio-mem blocks are PROT_NONE: skipped.
+                let pages = microvm::write_full(&file, &self.mem, hotplug.as_ref()).map_err(io("cannot write", &tmp))?;
                 self.start_dirty_log()?;
                 (MemoryKind::Full, pages)
             }
             Some((base_dir, base_id)) => {
                 let runs = self.take_dirty_pages()?;
+                let runs = microvm::readable_runs(&runs, &self.mem, hotplug.as_ref());
                 let pages = microvm::write_runs(&file, &self.mem, &runs).map_err(io("cannot write", &tmp))?;
                 (MemoryKind::Incremental { base_dir, base_id, runs }, pages)
             }
@@ -179,6 +182,7 @@ impl Vmm {
             vcpu_count: self.vcpu_count,
             vcpus_running: Some(self.control.running()),
             mem_mib: self.mem_mib,
+            mem_max_mib: self.mem_max_mib,
             memory: MemoryState { regions, kind },
             vm,
             vcpus,

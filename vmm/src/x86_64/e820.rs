@@ -26,6 +26,12 @@ pub fn ram_ranges(mem_size: u64) -> Vec<(u64, u64)> {
     }
 }
 
+/// First guest physical address past all RAM of a guest with `mem_size`
+/// bytes (the hotplug region of virtio-mem starts at or above it).
+pub fn ram_end(mem_size: u64) -> u64 {
+    ram_ranges(mem_size).last().map_or(0, |&(s, l)| s + l)
+}
+
 /// The e820 map: low RAM up to the EBDA, the EBDA/BIOS area reserved, then
 /// RAM from 1 MiB (split around the MMIO hole).
 pub fn e820_map(mem_size: u64) -> Vec<E820Entry> {

@@ -115,6 +115,14 @@ impl VirtioBase {
         }
     }
 
+    /// Replace the config space after a change the driver does not need
+    /// an interrupt for (virtio-mem's plugged size): the generation
+    /// changes, so a driver reading across it reads again.
+    pub fn update_config(&mut self, config: Vec<u8>) {
+        self.config = config;
+        self.config_generation = self.config_generation.wrapping_add(1);
+    }
+
     /// Take over the driver's queues (one per queue the device offers).
     pub fn activate(&mut self, active: Active) -> Result<(), ActivateError> {
         if active.queues.len() != self.queue_max_sizes.len() {

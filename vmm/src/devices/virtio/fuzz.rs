@@ -1,6 +1,7 @@
 //! Fuzzing harness for virtqueue processing and vsock packet parsing: the
 //! input bytes become guest memory holding a split queue (descriptors,
-//! avail ring, buffers) that a block or vsock device then processes. Any
+//! avail ring, buffers) that a block, vsock or virtio-mem device then
+//! processes. Any
 //! panic is a bug; errors are expected. Used by `vmm/fuzz` (cargo-fuzz)
 //! and by a randomized unit test that runs in the normal test suite.
 
@@ -12,6 +13,7 @@ use crate::GuestMemoryMmap;
 use vm_memory::{Bytes, GuestAddress};
 
 use super::block::Block;
+use super::mem::{Mem, BLOCK_SIZE};
 use super::vsock::Vsock;
 use super::{Active, IrqTrigger, VirtioDevice};
 
@@ -58,7 +60,20 @@ pub fn run(data: &[u8]) {
     let Ok(irq) = IrqTrigger::new() else {
         return;
     };
-    match sel % 3 {
+    match sel % 4 {
+        3 => {
+            // virtio-mem's requests over a region above this memory (no
+            // host mapping: only the request logic runs).
+            let Ok(mut m) = Mem::new(4 << 30, 128 << 20, None) else {
+                return;
+            };
+            let _ = m.set_requested_size(u64::from(sel >> 2) * BLOCK_SIZE);
+            let Some(q) = queue(&mem) else { return };
+            let active = Active { mem: mem.clone(), queues: vec![q], irq, acked_features: 0 };
+            if m.activate(active).is_ok() {
+                let _ = m.process_queue(0);
+            }
+        }
         0 => {
             let Ok(mut blk) = Block::open(&scratch().join("disk.img"), sel & 0x80 != 0) else {
                 return;
@@ -148,6 +163,17 @@ mod tests {
                 fwd_cnt: rng.next() as u32,
             };
             m[o..o + 44].copy_from_slice(&h.to_bytes());
+        }
+        // virtio-mem-looking requests: mostly inside the region the
+        // harness gives the device (4 GiB, 64 blocks of 2 MiB).
+        for _ in 0..4 {
+            let o = 0x3000 + (rng.next() % 0xfe0) as usize;
+            let kind = (rng.next() % 5) as u16;
+            let addr = if rng.next().is_multiple_of(6) { rng.next() } else { (4u64 << 30) + (rng.next() % 70) * (2 << 20) };
+            let nb = if rng.next().is_multiple_of(6) { rng.next() as u16 } else { (rng.next() % 8) as u16 };
+            m[o..o + 2].copy_from_slice(&kind.to_le_bytes());
+            m[o + 8..o + 16].copy_from_slice(&addr.to_le_bytes());
+            m[o + 16..o + 18].copy_from_slice(&nb.to_le_bytes());
         }
         let mut data = vec![(rng.next() % 256) as u8];
         data.extend_from_slice(&m);

@@ -8,6 +8,7 @@ pub mod base;
 pub mod block;
 pub mod fault_log;
 pub mod fuzz;
+pub mod mem;
 pub mod mmio;
 pub mod net;
 pub mod persist;
@@ -26,6 +27,7 @@ pub const VIRTIO_MMIO_INT_CONFIG: u32 = 0x02;
 
 pub const TYPE_NET: u32 = 1;
 pub const TYPE_BLOCK: u32 = 2;
+pub const TYPE_MEM: u32 = 24;
 pub const TYPE_VSOCK: u32 = 19;
 
 /// A device-level error. Malformed requests from the guest are counted and
@@ -137,6 +139,13 @@ pub trait VirtioDevice: Send {
     }
     /// The device as a block device (block slots are filled through it).
     fn as_block_mut(&mut self) -> Option<&mut block::Block> {
+        None
+    }
+    /// The device as virtio-mem (memory is resized through it).
+    fn as_mem(&self) -> Option<&mem::Mem> {
+        None
+    }
+    fn as_mem_mut(&mut self) -> Option<&mut mem::Mem> {
         None
     }
 }

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use virtio_queue::{Queue, QueueState, QueueT};
 
 use super::block::persist::BlockState;
+use super::mem::persist::MemState;
 use super::mmio::{MmioTransport, Registers};
 use super::net::persist::NetState;
 use super::vsock::persist::VsockState;
@@ -109,6 +110,7 @@ pub enum DeviceState {
     Block(BlockState),
     Vsock(VsockState),
     Net(NetState),
+    Mem(MemState),
     /// A device without snapshot support (test devices): a VM with one
     /// refuses to snapshot.
     Unsupported(u32),

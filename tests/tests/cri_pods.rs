@@ -508,10 +508,11 @@ const ALLOC_48M: [&str; 5] = ["dd", "if=/dev/zero", "of=/dev/null", "bs=48M", "c
 /// kill leaves its siblings alone, the limit can be raised while it runs,
 /// and ContainerStats counts each container's own memory. The pod shares
 /// one PID namespace (`shareProcessNamespace`): each container sees the
-/// others' processes. Under burrow the pod's annotation sizes its VM, and a
-/// container whose limit does not fit it is refused, the others untouched;
-/// then a pod sized only by its containers' limits, as the kubelet sends
-/// them.
+/// others' processes. Under burrow the pod's annotation sizes its VM, a
+/// container whose limit does not fit it grows the VM's memory (virtio-mem)
+/// to the pod's sum of limits, and one past the configured maximum is
+/// refused, the others untouched; then a pod sized only by its containers'
+/// limits, as the kubelet sends them.
 fn limits_are_each_containers_own(cri: &Cri, handler: &str) {
     let pod = cri.run_pod_with(
         &format!("limits-{handler}"),
@@ -589,31 +590,40 @@ fn limits_are_each_containers_own(cri: &Cri, handler: &str) {
     let e = cri.exec(&tight, &ALLOC_48M);
     assert_eq!(e.code, 0, "{handler}: 48 MiB under a 256 MiB limit: {e:?}");
 
-    // 512 MiB: more than the 384 MiB pod VM holds.
+    // 512 MiB: more than the 384 MiB pod VM holds, so burrow's grows.
     let big = cri
         .create_container_with(&pod, "big", &forever, Some(memory_limit(512 * MIB)))
         .unwrap();
     let started = cri.try_start_container(&big);
-    let e = cri.exec(&free, &["grep", "MemTotal", "/proc/meminfo"]);
-    let total_kib: u64 = e
-        .stdout
-        .split_whitespace()
-        .nth(1)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("{e:?}"));
+    let total_kib = memtotal_reaching(cri, &free, (256 + 448) * 1024);
+    // Past memory_mib.max (16 GiB by default): no VM here may have that.
+    let huge = cri
+        .create_container_with(&pod, "huge", &forever, Some(memory_limit(20 << 30)))
+        .unwrap();
+    let huge_started = cri.try_start_container(&huge);
     if handler == "burrow" {
-        let e = started.expect_err("a container larger than its pod's VM");
-        assert!(e.message().contains("does not fit"), "{e:?}");
-        assert!(e.message().contains("io.burrow.memory_mib"), "{e:?}");
+        started.unwrap_or_else(|e| {
+            panic!(
+                "a 512 MiB container in a 384 MiB pod VM that grows: {e:?}\n{}",
+                cri.containerd.diagnostics()
+            )
+        });
+        // 256 (tight, raised) + 512 MiB of limits and the guest's 64: the
+        // VM grew from 384 to 832 MiB, all of the 448 MiB added to MemTotal.
         assert!(
-            (256 * 1024..=384 * 1024).contains(&total_kib),
-            "the pod's VM was to have 384 MiB: MemTotal {total_kib} kB"
+            ((256 + 448) * 1024..=(384 + 448) * 1024).contains(&total_kib),
+            "the pod's VM was to grow from 384 to 832 MiB: MemTotal {total_kib} kB"
         );
+        let e = cri.exec(&big, &ALLOC_48M);
+        assert_eq!(e.code, 0, "48 MiB in the grown VM's new container: {e:?}");
+        let e = huge_started.expect_err("a container past memory_mib.max");
+        assert!(e.message().contains("memory_mib.max"), "{e:?}");
     } else {
+        huge_started.unwrap_or_else(|e| panic!("runc: {e:?}"));
         started.unwrap_or_else(|e| panic!("runc: {e:?}"));
         assert!(
             total_kib > 1024 * 1024,
-            "runc shares the host's memory: {e:?}"
+            "runc shares the host's memory: MemTotal {total_kib} kB"
         );
     }
     for id in [&tight, &free] {
@@ -642,25 +652,39 @@ fn cpus_online(cri: &Cri, id: &str) -> u32 {
 
 /// A pod started without pod-level resources (as an older kubelet, or a
 /// CRI client that sends none, starts one) gets the default VM, and each
-/// container's CPU limit is added to it as the container arrives, then
-/// UpdateContainerResources' larger one: the guest brings the new vCPUs
-/// online and every container of the pod sees them. runc, the control,
-/// shows the host's CPUs throughout.
+/// container's CPU and memory limits are added to it as the container
+/// arrives, then UpdateContainerResources' larger CPU limit: the guest
+/// brings the new vCPUs online and plugs the memory, and every container
+/// of the pod sees them. runc, the control, shows the host's throughout.
 fn grows_with_its_containers(cri: &Cri, handler: &str) {
     let pod = cri.run_pod(&format!("grows-{handler}"), handler);
     let first = cri.create_container(&pod, "first", &["sleep", "2147483647"]).unwrap();
     cri.start_container(&first);
     let at_start = cpus_online(cri, &first);
+    let (memory_at_start, _) = machine_seen(cri, &first);
     let cpu = |quota: i64| cri::LinuxContainerResources {
         cpu_period: 100_000,
         cpu_quota: quota,
         ..Default::default()
     };
     let second = cri
-        .create_container_with(&pod, "second", &["sleep", "2147483647"], Some(cpu(150_000)))
+        .create_container_with(
+            &pod,
+            "second",
+            &["sleep", "2147483647"],
+            Some(cri::LinuxContainerResources {
+                memory_limit_in_bytes: 128 * MIB,
+                ..cpu(150_000)
+            }),
+        )
         .unwrap();
     cri.start_container(&second);
     let after_second = (cpus_online(cri, &first), cpus_online(cri, &second));
+    let memory_after = if handler == "burrow" {
+        memtotal_reaching(cri, &first, memory_at_start + 120 * 1024)
+    } else {
+        machine_seen(cri, &first).0
+    };
     cri.update_resources(&first, cpu(100_000));
     let after_update = cpus_online(cri, &second);
     if handler == "burrow" {
@@ -671,12 +695,18 @@ fn grows_with_its_containers(cri: &Cri, handler: &str) {
             "1 vCPU + 1.5 CPUs of the second container's limit, rounded up"
         );
         assert_eq!(after_update, 4, "1 + 1.5 + 1 CPUs after the update");
+        assert!(
+            (120 * 1024..=130 * 1024).contains(&(memory_after.saturating_sub(memory_at_start))),
+            "the second container's 128 MiB added to the VM's MemTotal: {memory_at_start} -> {memory_after} kB"
+        );
         let (_, seen) = machine_seen(cri, &second);
         assert_eq!(seen, 4, "/proc/cpuinfo lists the onlined vCPUs");
     } else {
         assert!(at_start >= 1);
         assert_eq!(after_second, (at_start, at_start), "runc: the host's CPUs");
         assert_eq!(after_update, at_start, "runc: the host's CPUs");
+        let drift = memory_after.abs_diff(memory_at_start);
+        assert!(drift < 64 * 1024, "runc: the host's memory, {memory_at_start} -> {memory_after} kB");
     }
     for id in [&first, &second] {
         assert_eq!(cri.exec(id, &["true"]).code, 0, "{handler}");
@@ -696,6 +726,19 @@ fn machine_seen(cri: &Cri, id: &str) -> (u64, usize) {
         .unwrap_or_else(|| panic!("no MemTotal: {e:?}"));
     let cpus = e.stdout.lines().filter(|l| l.starts_with("processor")).count();
     (total_kib, cpus)
+}
+
+/// `id`'s MemTotal (kB) once it is at least `kib`, or what it is after
+/// 30 s: the guest onlines memory it plugged a moment after the plug.
+fn memtotal_reaching(cri: &Cri, id: &str, kib: u64) -> u64 {
+    let start = Instant::now();
+    loop {
+        let (total, _) = machine_seen(cri, id);
+        if total >= kib || start.elapsed() > Duration::from_secs(30) {
+            return total;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }
 
 /// A pod whose containers declare limits and no burrow annotation: the

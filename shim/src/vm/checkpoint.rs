@@ -80,6 +80,7 @@ fn manifest(
         container_id: c.guest_id.clone(),
         vcpus: info.vcpus,
         memory_mib: info.memory_mib,
+        memory_max_mib: info.memory_max_mib,
         rootfs_fstype: c.rootfs.fstype.clone(),
         rootfs_read_only: c.rootfs.read_only,
         created_unix: std::time::SystemTime::now()

@@ -1,18 +1,25 @@
-//! A pod's VM grows its vCPUs as containers arrive.
+//! A pod's VM grows its vCPUs and memory as containers arrive.
 //!
 //! A CRI pod's VM boots with `vcpus.max` vCPUs of which only the pod's
 //! size run ([`crate::spec::vm_size`]): the rest are present to the guest
 //! but offline (`maxcpus=`) and the VMM does not run them (`--max-vcpus`).
-//! When the kubelet passed the pod's summed limits
-//! (`io.kubernetes.cri.sandbox-cpu-*`) or `io.burrow.vcpus` sized the VM,
-//! it grows only if its members' limits outgrow that size; when the VM
-//! has the configured default instead, each member's CPU limit is added
-//! to it, as Kata does. UpdateContainerResources counts too. It never
-//! shrinks (a guest CPU is not taken away), and stops at `vcpus.max`: a
-//! container asking for more still runs, within its own cgroup quota.
+//! Its memory is the pod's size plus a virtio-mem region up to
+//! `memory_mib.max` (`--mem-max`), which costs nothing until the guest
+//! plugs it. When the kubelet passed the pod's summed limits
+//! (`io.kubernetes.cri.sandbox-*`) or `io.burrow.vcpus` /
+//! `io.burrow.memory_mib` sized the VM, it grows only if its members'
+//! limits outgrow that size; when the VM has the configured default
+//! instead, each member's limit is added to it, as Kata does.
+//! UpdateContainerResources counts too. It never shrinks.
+//!
+//! vCPUs stop at `vcpus.max`: a container asking for more still runs,
+//! within its own cgroup quota. Memory past `memory_mib.max` is refused
+//! (RESOURCE_EXHAUSTED): a limit the VM cannot honour would only surprise
+//! later as an OOM.
 //!
 //! Growing is: the VMM lets the new vCPUs run (`set_vcpus`), then the
-//! agent brings them online. Memory does not grow yet (no hotplug device).
+//! agent brings them online; the VMM asks the guest to plug memory
+//! (`resize_memory`) and the shim waits until it has.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -54,6 +61,79 @@ impl PodCpus {
         };
         want.clamp(self.running.max(1), self.max.max(self.running).max(1))
     }
+}
+
+/// A pod VM's memory: what it booted with and may grow to, and what its
+/// members' limits ask for.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodMemory {
+    /// MiB it booted with (`--mem`).
+    pub base: u64,
+    /// MiB it may grow to (`--mem-max`).
+    pub max: u64,
+    /// The pod's own size set `base` (members' limits are inside it).
+    pub pod_sized: bool,
+    /// The guest's share of `base` (`memory_mib.overhead`).
+    pub overhead: u64,
+    /// MiB asked of the VMM so far (`base` before any).
+    pub target: u64,
+    /// Each member's memory limit, MiB.
+    pub members: BTreeMap<String, u64>,
+}
+
+impl PodMemory {
+    /// MiB the pod needs with `members` (past `max`: `Err` of it).
+    fn needed(&self, members: &BTreeMap<String, u64>) -> std::result::Result<u64, u64> {
+        let sum: u64 = members.values().fold(0, |a, b| a.saturating_add(*b));
+        let want = if self.pod_sized {
+            self.base.max(sum.saturating_add(self.overhead))
+        } else {
+            self.base.saturating_add(sum)
+        };
+        // virtio-mem grows in 2 MiB blocks above `base`.
+        let want = self.base + (want.saturating_sub(self.base)).div_ceil(2) * 2;
+        if want > self.max {
+            Err(want)
+        } else {
+            Ok(want.max(self.target))
+        }
+    }
+}
+
+/// A memory limit in MiB from OCI `LinuxResources`' `memory`; none
+/// without one.
+pub fn memory_mib(memory: Option<&Value>) -> Option<u64> {
+    let limit = memory?.get("limit")?.as_i64().filter(|l| *l > 0)?;
+    u64::try_from(limit).ok().map(|l| l.div_ceil(1 << 20))
+}
+
+/// `--mem-max` for a VM of `base` MiB that may grow to `max` (none when
+/// it cannot grow).
+pub fn vmm_mem_max(base: u64, max: Option<u64>) -> Option<u64> {
+    max.filter(|m| *m > base)
+}
+
+/// The memory a VM for a container of `spec` may grow to: a pod
+/// sandbox's up to `memory_mib.max`, any other VM none.
+pub fn memory_max_for(cfg: &Config, spec: &Value, base: u64) -> Option<u64> {
+    (super::pod::role(spec) == super::pod::Role::Sandbox && cfg.memory_mib.max > base)
+        .then_some(cfg.memory_mib.max)
+}
+
+/// The memory growth record of a VM just started for a container of
+/// `spec` with `base` MiB that may grow to `max`.
+pub fn memory_record_for(cfg: &Config, spec: &Value, base: u64, max: Option<u64>) -> Option<PodMemory> {
+    let max = max?;
+    (super::pod::role(spec) == super::pod::Role::Sandbox).then(|| PodMemory {
+        base,
+        max,
+        pod_sized: [spec::ANNOTATION_MEMORY_MIB, spec::CRI_SANDBOX_MEMORY]
+            .iter()
+            .any(|k| spec::annotation(spec, k).is_some()),
+        overhead: cfg.memory_mib.overhead,
+        target: base,
+        members: BTreeMap::new(),
+    })
 }
 
 /// The vCPUs a pod sandbox of `spec` boots with room for: the config's
@@ -112,11 +192,49 @@ pub fn cpu_millis(cpu: Option<&Value>) -> Option<u64> {
 /// The record of one sandbox (none for a VM that is not a pod's, or one
 /// restored from a checkpoint: those do not grow).
 #[derive(Debug, Default)]
-pub struct Growth(Mutex<Option<PodCpus>>);
+pub struct Growth(Mutex<Option<PodCpus>>, Mutex<Option<PodMemory>>);
 
 impl Growth {
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<PodCpus>> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_memory(&self) -> std::sync::MutexGuard<'_, Option<PodMemory>> {
+        self.1.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn set_memory(&self, memory: Option<PodMemory>) {
+        *self.lock_memory() = memory;
+    }
+
+    /// Whether the VM's memory can grow (a pod VM this shim started).
+    pub fn memory_grows(&self) -> bool {
+        self.lock_memory().is_some()
+    }
+
+    /// Record member `id`'s memory limit (none: it has none): `Ok` of the
+    /// MiB the VM must grow to if more than asked so far; `Err` of what
+    /// the pod would need when that is past the maximum (nothing is
+    /// recorded then).
+    fn record_memory(&self, id: &str, mib: Option<u64>) -> std::result::Result<Option<u64>, (u64, u64)> {
+        let mut g = self.lock_memory();
+        let Some(p) = g.as_mut() else {
+            return Ok(None);
+        };
+        let mut members = p.members.clone();
+        match mib {
+            Some(m) => members.insert(id.to_string(), m),
+            None => members.remove(id),
+        };
+        let need = p.needed(&members).map_err(|n| (n, p.max))?;
+        p.members = members;
+        Ok((need > p.target).then_some(need))
+    }
+
+    fn asked_memory(&self, mib: u64) {
+        if let Some(p) = self.lock_memory().as_mut() {
+            p.target = p.target.max(mib);
+        }
     }
 
     pub fn set(&self, cpus: Option<PodCpus>) {
@@ -146,15 +264,64 @@ impl Growth {
         }
     }
 
-    /// Forget member `id` (the VM keeps its vCPUs).
+    /// Forget member `id` (the VM keeps its vCPUs and memory).
     pub fn forget(&self, id: &str) {
         if let Some(p) = self.lock().as_mut() {
+            p.members.remove(id);
+        }
+        if let Some(p) = self.lock_memory().as_mut() {
             p.members.remove(id);
         }
     }
 }
 
+/// How long the guest may take to plug the memory asked of it.
+const PLUG_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 impl VmSandbox {
+    /// Count member `id`'s memory limit (`memory` of its
+    /// `LinuxResources`) and grow the VM's memory to what the pod needs,
+    /// waiting until the guest has plugged it. A limit the VM cannot
+    /// reach even at its maximum is refused.
+    pub(super) async fn grow_memory_for(&self, id: &str, memory: Option<&Value>) -> Result<()> {
+        let need = match self.growth.record_memory(id, memory_mib(memory)) {
+            Ok(Some(need)) => need,
+            Ok(None) => return Ok(()),
+            Err((need, max)) => {
+                return Err(SandboxError::ResourceExhausted(format!(
+                    "container {id}: its memory limit makes its pod need {need} MiB, past the {max} MiB a VM may have here (memory_mib.max in the burrow config)"
+                )))
+            }
+        };
+        self.vm.awake().await?;
+        let api = self.path("api.sock");
+        vmm::command_at_with(&api, Command::ResizeMemory { mib: need }, &[])
+            .await
+            .map_err(|e| SandboxError::Internal(format!("growing the VM's memory to {need} MiB: {e}")))?;
+        self.growth.asked_memory(need);
+        let started = std::time::Instant::now();
+        loop {
+            let answer = vmm::command_at_with(&api, Command::Status, &[])
+                .await
+                .map_err(|e| SandboxError::Internal(format!("asking burrow-vmm for its memory: {e}")))?;
+            let plugged = answer.memory.map_or(0, |m| m.plugged_mib);
+            if plugged >= need {
+                tracing::info!(
+                    "{id}: the pod's VM has {plugged} MiB (plugged in {} ms)",
+                    started.elapsed().as_millis()
+                );
+                return Ok(());
+            }
+            if started.elapsed() > PLUG_TIMEOUT {
+                return Err(SandboxError::Timeout(format!(
+                    "the guest plugged {plugged} of {need} MiB in {} s",
+                    PLUG_TIMEOUT.as_secs()
+                )));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+
     /// Count member `id`'s CPU limit (`cpu` of its `LinuxResources`) and
     /// grow the VM if the pod now needs more vCPUs than run.
     pub(super) async fn grow_for(&self, id: &str, cpu: Option<&Value>) -> Result<()> {
@@ -211,6 +378,57 @@ mod tests {
         assert_eq!(g.record("a", Some(1000)), None);
         assert_eq!(g.record("b", Some(1000)), None);
         assert_eq!(g.record("b", Some(2000)), Some(3), "an update outgrows the sums");
+    }
+
+    fn memory(base: u64, max: u64, pod_sized: bool) -> PodMemory {
+        PodMemory {
+            base,
+            max,
+            pod_sized,
+            overhead: 64,
+            target: base,
+            members: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn memory_grows_by_members_limits_in_2_mib_steps_and_stops_at_the_max() {
+        let g = Growth::default();
+        assert!(!g.memory_grows());
+        assert_eq!(g.record_memory("a", Some(1 << 30)), Ok(None), "no record, no growth");
+        g.set_memory(Some(memory(256, 1024, false)));
+        assert!(g.memory_grows());
+        assert_eq!(g.record_memory("a", None), Ok(None));
+        assert_eq!(g.record_memory("b", Some(127)), Ok(Some(384)), "256 + 127, rounded up to 2 MiB");
+        g.asked_memory(384);
+        assert_eq!(g.record_memory("c", Some(1)), Ok(None), "128 MiB in all: still 384");
+        assert_eq!(g.record_memory("c", Some(2)), Ok(Some(386)));
+        g.asked_memory(386);
+        assert_eq!(g.record_memory("d", Some(800)), Err((1186, 1024)), "past the max: refused");
+        assert_eq!(g.record_memory("e", Some(3)), Ok(Some(388)), "d was not recorded");
+        g.asked_memory(388);
+        g.forget("b");
+        assert_eq!(g.record_memory("f", Some(2)), Ok(None), "never shrinks: 256 + 7 < 388");
+    }
+
+    #[test]
+    fn a_pod_sized_memory_grows_only_past_its_sums() {
+        let g = Growth::default();
+        g.set_memory(Some(memory(384, 16384, true)));
+        assert_eq!(g.record_memory("tight", Some(256)), Ok(None), "256 + 64 fits 384");
+        assert_eq!(g.record_memory("big", Some(512)), Ok(Some(832)), "256 + 512 + 64");
+    }
+
+    #[test]
+    fn memory_limits_in_mib() {
+        assert_eq!(memory_mib(Some(&json!({"limit": 1 << 20}))), Some(1));
+        assert_eq!(memory_mib(Some(&json!({"limit": (1 << 20) + 1}))), Some(2));
+        assert_eq!(memory_mib(Some(&json!({"limit": 0}))), None);
+        assert_eq!(memory_mib(Some(&json!({"limit": -1}))), None);
+        assert_eq!(memory_mib(Some(&json!({"swap": 5}))), None);
+        assert_eq!(memory_mib(None), None);
+        assert_eq!(vmm_mem_max(256, Some(256)), None);
+        assert_eq!(vmm_mem_max(256, Some(512)), Some(512));
     }
 
     #[test]

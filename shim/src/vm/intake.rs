@@ -177,6 +177,17 @@ pub fn take(dir: &Path, m: &Manifest, cfg: &Config, origin: Origin) -> Result<In
             format!("{} MiB of memory; this host allows at most {} MiB", m.memory_mib, cfg.memory_mib.max),
         ));
     }
+    if let Some(max) = m.memory_max_mib {
+        if max < m.memory_mib || max > cfg.memory_mib.max {
+            return Err(bad(
+                dir,
+                format!(
+                    "memory that grows to {max} MiB from {} MiB; this host allows at most {} MiB",
+                    m.memory_mib, cfg.memory_mib.max
+                ),
+            ));
+        }
+    }
     if let Some(vm) = &m.vm {
         return Err(bad(dir, format!("names VM snapshot {vm:?}: only hibernation snapshots have chains")));
     }
@@ -214,6 +225,7 @@ mod tests {
             container_id: "c".into(),
             vcpus: 1,
             memory_mib: 128,
+            memory_max_mib: None,
             rootfs_fstype: "ext4".into(),
             rootfs_read_only: false,
             created_unix: 0,
@@ -297,6 +309,11 @@ mod tests {
         let mut m = manifest(true);
         m.vcpus = Config::default().vcpus.max + 1;
         assert!(refused(d.path(), &m, Origin::Containerd).contains("vCPUs"));
+        let mut m = manifest(true);
+        m.memory_max_mib = Some(Config::default().memory_mib.max + 1);
+        assert!(refused(d.path(), &m, Origin::Containerd).contains("grows to"));
+        m.memory_max_mib = Some(m.memory_mib - 1);
+        assert!(refused(d.path(), &m, Origin::Containerd).contains("grows to"));
     }
 
     #[test]

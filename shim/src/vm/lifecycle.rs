@@ -146,6 +146,7 @@ pub struct Handle {
     pub pid: u32,
     pub vcpus: u32,
     pub memory_mib: u64,
+    pub memory_max_mib: Option<u64>,
     exited: watch::Receiver<Option<String>>,
     /// The hibernation link this VM woke from, while it is still the VM's
     /// last snapshot: the next hibernation writes only the pages dirtied
@@ -237,6 +238,7 @@ impl std::fmt::Debug for Phase {
 pub struct VmInfo {
     pub vcpus: u32,
     pub memory_mib: u64,
+    pub memory_max_mib: Option<u64>,
 }
 
 /// What the transition lock guards.
@@ -348,6 +350,7 @@ impl Lifecycle {
             pid: vm.pid(),
             vcpus: args.vcpus,
             memory_mib: args.memory_mib,
+            memory_max_mib: args.memory_max_mib,
             exited: vm.exited(),
             base,
         });
@@ -761,6 +764,7 @@ where
     write(VmInfo {
         vcpus: h.vcpus,
         memory_mib: h.memory_mib,
+        memory_max_mib: h.memory_max_mib,
     })
     .await?;
     tracing::info!(

@@ -179,6 +179,7 @@ impl T {
             },
             vcpus: 2,
             memory_mib: 256,
+            memory_max_mib: None,
         }
     }
 

@@ -388,6 +388,7 @@ impl VmSandbox {
             },
             vcpus,
             memory_mib,
+            memory_max_mib: None,
         })
     }
 
@@ -502,6 +503,15 @@ impl VmSandbox {
         args.args.max_vcpus = grow::vmm_max(size.vcpus, max_vcpus);
         // The VM's vCPUs, running or not: what a snapshot of it holds.
         args.vcpus = max_vcpus;
+        let memory_max = grow::memory_max_for(cfg, &c.spec, size.memory_mib);
+        args.args.mem_max_mib = grow::vmm_mem_max(size.memory_mib, memory_max);
+        args.memory_max_mib = args.args.mem_max_mib;
+        self.growth.set_memory(grow::memory_record_for(
+            cfg,
+            &c.spec,
+            size.memory_mib,
+            args.args.mem_max_mib,
+        ));
         self.growth.set(grow::record_for(&c.spec, size.vcpus, max_vcpus));
         self.slots.reset(slots, pod::layer_slots(cfg, &c.spec), pod::role(&c.spec) == pod::Role::Sandbox);
         let args = self.with_network(&c.spec, args, true).await?;
@@ -672,6 +682,8 @@ impl VmSandbox {
         args.args.self_contained = true;
         args.args.expect_vcpus = u8::try_from(manifest.vcpus).ok();
         args.args.expect_mem_mib = Some(manifest.memory_mib);
+        args.args.expect_mem_max_mib = manifest.memory_max_mib;
+        args.memory_max_mib = manifest.memory_max_mib;
         tracing::info!(
             "{}: restoring container {} from {}: {}",
             c.id,
@@ -970,6 +982,10 @@ impl Sandbox for VmSandbox {
                 if let Err(e) = self.grow_for(id, cpu).await {
                     tracing::warn!("{id}: the pod's VM did not grow: {e}");
                 }
+            }
+            let memory = parsed.as_ref().and_then(|r| r.get("memory"));
+            if grow::memory_mib(memory).is_some() {
+                self.grow_memory_for(id, memory).await?;
             }
         }
         self.awake_agent()

@@ -331,7 +331,17 @@ impl VmSandbox {
                 )))
             }
         };
-        check_fits(c, handle.memory_mib, cfg.memory_mib.overhead)?;
+        // A pod VM this shim started grows its memory for the member (or
+        // refuses one past the maximum); any other has what it booted with.
+        if self.growth.memory_grows() {
+            let memory = c.spec.pointer("/linux/resources/memory");
+            if let Err(e) = self.grow_memory_for(&c.id, memory).await {
+                self.growth.forget(&c.id);
+                return Err(e);
+            }
+        } else {
+            check_fits(c, handle.memory_mib, cfg.memory_mib.overhead)?;
+        }
         let (mut guest_spec, _) = self.guest_spec(c)?;
         keep_pod_namespaces(&c.spec, &mut guest_spec);
         let spec_json = serde_json::to_vec(&guest_spec)

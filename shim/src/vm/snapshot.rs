@@ -57,6 +57,10 @@ pub struct Manifest {
     pub container_id: String,
     pub vcpus: u32,
     pub memory_mib: u64,
+    /// What the VM's memory may grow to (a pod's, `--mem-max`), when it
+    /// can; a restore passes it as `--expect-mem-max`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_max_mib: Option<u64>,
     /// File system of the rootfs disk (for the record; the guest has it
     /// mounted already).
     pub rootfs_fstype: String,
@@ -333,6 +337,7 @@ mod tests {
             container_id: "c1".into(),
             vcpus: 1,
             memory_mib: 256,
+            memory_max_mib: None,
             rootfs_fstype: "ext4".into(),
             rootfs_read_only: false,
             created_unix: 1,

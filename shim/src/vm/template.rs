@@ -76,6 +76,7 @@ pub fn shape_of(cfg: &Config, spec: &serde_json::Value, pod_slots: u32) -> Shape
         vcpus: size.vcpus,
         max_vcpus: super::grow::max_vcpus_for(cfg, spec, size.vcpus),
         memory_mib: size.memory_mib,
+        memory_max_mib: super::grow::memory_max_for(cfg, spec, size.memory_mib),
         slots: pod_slots.saturating_add(1),
         nic: has_nic(spec),
         browser: spec::wants_browser(spec, cfg),
@@ -89,6 +90,8 @@ pub struct Shape {
     /// vCPUs it has room for (a pod's VM grows: [`super::grow`]).
     pub max_vcpus: u32,
     pub memory_mib: u64,
+    /// What its memory may grow to (a pod's VM: [`super::grow`]).
+    pub memory_max_mib: Option<u64>,
     /// Block slots: the container's rootfs takes the first.
     pub slots: u32,
     /// A NIC, down and unaddressed. A restore is handed its own sandbox's
@@ -136,8 +139,15 @@ fn hex(bytes: &[u8], n: usize) -> String {
 /// inputs written beside it.
 pub fn key(cfg: &Config, shape: Shape) -> Result<(String, serde_json::Value)> {
     let shape_text = format!(
-        "format={TEMPLATE_FORMAT} vcpus={} max_vcpus={} memory_mib={} slots={} nic={} browser={} cmdline={}",
-        shape.vcpus, shape.max_vcpus, shape.memory_mib, shape.slots, shape.nic, shape.browser, cfg.kernel_cmdline
+        "format={TEMPLATE_FORMAT} vcpus={} max_vcpus={} memory_mib={} memory_max_mib={} slots={} nic={} browser={} cmdline={}",
+        shape.vcpus,
+        shape.max_vcpus,
+        shape.memory_mib,
+        shape.memory_max_mib.unwrap_or(0),
+        shape.slots,
+        shape.nic,
+        shape.browser,
+        cfg.kernel_cmdline
     );
     let mut files = vec![file_id(&cfg.kernel)?, file_id(&resolve(&cfg.vmm_binary()))?];
     if let Some(initrd) = &cfg.initrd {
@@ -266,6 +276,13 @@ impl VmSandbox {
         )?;
         args.args.max_vcpus = super::grow::vmm_max(shape.vcpus, shape.max_vcpus);
         args.vcpus = shape.max_vcpus;
+        args.memory_max_mib = shape.memory_max_mib;
+        self.growth.set_memory(super::grow::memory_record_for(
+            cfg,
+            &c.spec,
+            shape.memory_mib,
+            shape.memory_max_mib,
+        ));
         self.growth.set(super::grow::record_for(&c.spec, shape.vcpus, shape.max_vcpus));
         // The namespace the shim makes, its tap, and the holder whose pid
         // is the task's (so `ctr run --cni` configures that namespace).
@@ -430,6 +447,7 @@ mod tests {
         vcpus: 1,
         max_vcpus: 1,
         memory_mib: 256,
+        memory_max_mib: None,
         slots: 1,
         nic: false,
         browser: false,

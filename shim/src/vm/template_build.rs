@@ -32,6 +32,7 @@ pub fn default_shape(cfg: &Config, nic: bool) -> Shape {
         vcpus: size.vcpus,
         max_vcpus: size.vcpus,
         memory_mib: size.memory_mib,
+        memory_max_mib: None,
         slots: 1,
         nic,
         browser: false,
@@ -136,6 +137,8 @@ impl VmSandbox {
         let mut args = self.vmm_args(cfg, None, (shape.vcpus, shape.memory_mib), None, &spec)?;
         args.args.max_vcpus = super::grow::vmm_max(shape.vcpus, shape.max_vcpus);
         args.vcpus = shape.max_vcpus;
+        args.args.mem_max_mib = shape.memory_max_mib;
+        args.memory_max_mib = shape.memory_max_mib;
         let mut args = self.with_network(&spec, args, false).await?;
         args.args.disk_slots = shape.slots;
         self.slots.reset(shape.slots, 0, false);

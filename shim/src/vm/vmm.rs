@@ -39,6 +39,9 @@ pub struct VmmLaunch {
     pub args: VmmArgs,
     pub vcpus: u32,
     pub memory_mib: u64,
+    /// What its memory may grow to (`--mem-max`; a restore's is the
+    /// snapshot's), when it can grow.
+    pub memory_max_mib: Option<u64>,
 }
 
 impl VmmLaunch {
@@ -465,6 +468,7 @@ mod tests {
             args,
             vcpus: 2,
             memory_mib: 256,
+            memory_max_mib: None,
         };
         let s = l.describe();
         assert!(s.starts_with("run --kernel /k"), "{s}");

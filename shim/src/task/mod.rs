@@ -8,9 +8,9 @@
 //! Every RPC of the `Task` service is implemented explicitly; none falls
 //! back to the generated "not supported" default. `Checkpoint` writes a
 //! whole-VM checkpoint and Create with `checkpoint` restores one (see
-//! `vm::snapshot` for the layout); `Update` with resources answers
-//! UNIMPLEMENTED (a VM's vCPUs and memory are fixed at boot; there is no
-//! hotplug yet).
+//! `vm::snapshot` for the layout); `Update` with resources sets the
+//! container's cgroup in the guest (and grows a pod's VM first when the
+//! new limits need it: `vm::grow`).
 //!
 //! - [`state`]: containers, processes, their states (plain data, one mutex)
 //!   and the one lookup the handlers use;

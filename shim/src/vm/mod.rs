@@ -15,8 +15,10 @@
 //! through the handle the lifecycle's phase holds.
 //!
 //! A CRI pod is one VM holding all of the pod's containers ([`pod`]); any
-//! other container gets a VM of its own. Update of resources is refused
-//! (no vCPU or memory hotplug).
+//! other container gets a VM of its own. A pod's VM grows its vCPUs and
+//! memory as its containers' limits ask ([`grow`]); any other VM keeps
+//! the size it booted with, and Update changes only the container's
+//! cgroup in the guest.
 
 pub mod agent;
 mod browse;

@@ -257,10 +257,11 @@ impl Slots {
     }
 }
 
-/// A member's memory limit must fit the pod's VM (`vm_mib`, of which
-/// `overhead_mib` are the guest kernel's and agent's): the VM cannot grow
-/// after the pod started (see [`spec::vm_size`] for how it is sized), and a
-/// limit it cannot honour would only surprise later as an OOM.
+/// A member's memory limit must fit a pod VM that cannot grow (`vm_mib`,
+/// of which `overhead_mib` are the guest kernel's and agent's): one
+/// restored from a checkpoint (see [`spec::vm_size`] for how it is sized;
+/// a VM this shim booted grows instead, [`super::grow`]), since a limit it
+/// cannot honour would only surprise later as an OOM.
 fn check_fits(c: &ContainerConfig, vm_mib: u64, overhead_mib: u64) -> Result<()> {
     let limit = c
         .spec

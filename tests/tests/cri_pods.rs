@@ -783,7 +783,7 @@ fn sized_by_its_containers_limits(cri: &Cri, handler: &str) {
 
 #[test]
 fn burrow_pod_containers_have_their_own_limits_and_stats() {
-    let cri = Cri::start_with("cri-burrow-limits", "pod_disk_slots = 2");
+    let cri = Cri::start_with("cri-burrow-limits", "pod_disk_slots = 3");
     limits_are_each_containers_own(&cri, "burrow");
 }
 

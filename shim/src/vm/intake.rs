@@ -192,7 +192,12 @@ pub fn take(dir: &Path, m: &Manifest, cfg: &Config, origin: Origin) -> Result<In
         return Err(bad(dir, format!("names VM snapshot {vm:?}: only hibernation snapshots have chains")));
     }
     let base = File::open(dir).map_err(|e| bad(dir, e.to_string()))?;
-    let memory_bytes = m.memory_mib << 20;
+    // The memory file holds the RAM, then a growable VM's whole virtio-mem
+    // region (burrow-vmm rounds it up to 128 MiB), holes where unplugged.
+    let region_mib = m
+        .memory_max_mib
+        .map_or(0, |max| max.saturating_sub(m.memory_mib).div_ceil(128) * 128);
+    let memory_bytes = (m.memory_mib + region_mib) << 20;
     let (memory, disk) = if m.packed {
         (snapshot::packed(snapshot::MEMORY), snapshot::packed(snapshot::ROOTFS))
     } else {

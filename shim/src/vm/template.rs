@@ -50,7 +50,7 @@ pub const ANNOTATION: &str = "io.burrow.template";
 /// In a template's directory: what went into its key.
 pub(super) const INFO: &str = "template.json";
 /// Bumped when what a template holds changes meaning.
-const TEMPLATE_FORMAT: u32 = 1;
+const TEMPLATE_FORMAT: u32 = 2;
 
 /// Whether container `c` starts from a template.
 pub fn wanted(cfg: &Config, c: &ContainerConfig) -> bool {
@@ -274,7 +274,10 @@ impl VmSandbox {
             restored.clone(),
             &c.spec,
         )?;
+        // A template built here, on first use, boots with the shape's room
+        // to grow (a restore takes it from the template instead).
         args.args.max_vcpus = super::grow::vmm_max(shape.vcpus, shape.max_vcpus);
+        args.args.mem_max_mib = shape.memory_max_mib;
         args.vcpus = shape.max_vcpus;
         args.memory_max_mib = shape.memory_max_mib;
         self.growth.set_memory(super::grow::memory_record_for(

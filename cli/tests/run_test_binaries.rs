@@ -114,9 +114,13 @@ fn two_binaries_run_at_once_but_never_one_beside_its_own_second_pass() {
             "     Running {label}\n{name} args: {args}\ntest {name}_test ... ok\nhack/run-test-binaries: {label}: "
         );
         assert!(text.contains(&block), "no whole block for {label}:\n{text}");
-        // and its test said the moment it ended, before the block
-        let said = format!("hack/run-test-binaries: {label} finished test {name}_test ... ok\n");
+        // and its test said the moment it ended, before the block, with
+        // how far into its job it ended
+        let said = format!("hack/run-test-binaries: {label} finished test {name}_test ... ok (");
         let at = text.find(&said).unwrap_or_else(|| panic!("no progress line for {label}:\n{text}"));
+        let rest = text[at + said.len()..].lines().next().unwrap_or("");
+        let secs = rest.strip_suffix(" s into the job)").and_then(|n| n.parse::<u32>().ok());
+        assert!(secs.is_some_and(|n| n <= 5), "{label}'s progress line has no time: {rest:?}");
         assert!(at < text.find(&block).unwrap_or(0), "{label}'s progress line after its block:\n{text}");
     }
 }

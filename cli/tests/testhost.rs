@@ -242,7 +242,7 @@ fn a_binary_gets_two_retries_for_test_host_trouble() {
          if [ \"$BURROW_TESTHOST_ATTEMPT\" = 1 ]; then echo 'test b ... FAILED'; fi; \
          if [ \"$BURROW_TESTHOST_ATTEMPT\" = 2 ]; then \
            echo 'hack/run-test-binaries: fake-0123 finished test a2 ... ok'; \
-           echo 'hack/run-test-binaries: beside finished test c ... ok'; fi; \
+           echo 'hack/run-test-binaries: beside finished test c ... ok (12 s into the job)'; fi; \
          echo \"done:$BURROW_TESTS_DONE.\"; {}",
         fake_lockup_until(2)
     );

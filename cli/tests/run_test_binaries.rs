@@ -146,3 +146,52 @@ fn a_failed_binary_fails_the_run_and_the_others_still_run() {
     let spans = spans(&events);
     assert!(span(&spans, "after").2 > 0, "after did not finish: {text}");
 }
+
+/// A test host that dies mid-job takes hack/run-test-binaries down with no
+/// EXIT trap: what each job had printed stays in the directory it names
+/// first (on this machine's /tmp), the only record of a failing test's
+/// message when the job never ended.
+#[test]
+fn a_jobs_output_so_far_stays_when_everything_is_killed() {
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let events = dir.path().join("events");
+    let slow = fake_binary(dir.path(), "slow", &events, "60", 0);
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut child = Command::new(root.join("hack/run-test-binaries"))
+        .arg(dir.path())
+        .arg(&slow)
+        .args(["--", "--flag", "filt"])
+        .env_remove("BURROW_TESTS_DONE")
+        .stdout(std::process::Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .expect("start hack/run-test-binaries");
+    let pgid = child.id();
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let mut jobs = None;
+    for line in lines.by_ref() {
+        let line = line.expect("a line");
+        if let Some(rest) = line.strip_prefix("hack/run-test-binaries: each job's output as it comes: ") {
+            jobs = rest.strip_suffix("/LABEL").map(PathBuf::from);
+            break;
+        }
+    }
+    // Keep reading, as the test host's share does (a closed pipe would end it).
+    std::thread::spawn(move || lines.for_each(drop));
+    let jobs = jobs.expect("hack/run-test-binaries names its jobs' output directory first");
+    let file = jobs.join("slow");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !std::fs::read_to_string(&file).unwrap_or_default().contains("slow args: --flag filt") {
+        assert!(std::time::Instant::now() < deadline, "{} never held the job's output", file.display());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let killed = Command::new("kill").args(["-KILL", "--", &format!("-{pgid}")]).status().expect("kill");
+    assert!(killed.success());
+    let _ = child.wait();
+    let kept = std::fs::read_to_string(&file).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&jobs);
+    assert!(kept.contains("     Running slow\nslow args: --flag filt\n"), "kept: {kept:?}");
+}

@@ -711,7 +711,64 @@ fn grows_with_its_containers(cri: &Cri, handler: &str) {
     for id in [&first, &second] {
         assert_eq!(cri.exec(id, &["true"]).code, 0, "{handler}");
     }
+    if handler == "burrow" {
+        let named = grown_pod_restored_grows_on(cri, &pod.id, memory_after);
+        std::fs::remove_dir_all(&named).unwrap();
+    } else {
+        cri.remove_pod(&pod.id);
+    }
+}
+
+/// Pod `pod` of `grows_with_its_containers` (4 vCPUs online, `memory_kib`
+/// MemTotal) checkpointed by name and removed, then restored as a new
+/// pod: its containers taken over by name find the grown VM, and a third
+/// container's limits are added to what the first two still ask for (a
+/// restore that forgot them would not grow for it). Returns the
+/// checkpoint's directory.
+fn grown_pod_restored_grows_on(cri: &Cri, pod: &str, memory_kib: u64) -> std::path::PathBuf {
+    let out = burrow_sandbox(cri, &["checkpoint", pod, "grown"]);
+    let named = cri.containerd.snapshot_dir().join(".checkpoints").join("grown");
+    assert!(out.contains(&named.display().to_string()), "{out}");
+    cri.remove_pod(pod);
+    let pod = cri.run_pod_with("grows-restored", "burrow", false, &[("io.burrow.restore", "grown")]);
+    let mut ids = Vec::new();
+    for c in ["first", "second"] {
+        let id = cri
+            .create_container(&pod, c, &["sleep", "2147483647"])
+            .unwrap_or_else(|e| panic!("CreateContainer {c}: {e}\n{}", cri.containerd.diagnostics()));
+        cri.start_container(&id);
+        ids.push(id);
+    }
+    assert_eq!(cpus_online(cri, &ids[0]), 4, "the restored VM as it had grown");
+    let (total, _) = machine_seen(cri, &ids[1]);
+    assert!(total >= memory_kib, "the restored VM's memory as it had grown: {memory_kib} -> {total} kB");
+    let third = cri
+        .create_container_with(
+            &pod,
+            "third",
+            &["sleep", "2147483647"],
+            Some(cri::LinuxContainerResources {
+                memory_limit_in_bytes: 64 * MIB,
+                cpu_period: 100_000,
+                cpu_quota: 100_000,
+                ..Default::default()
+            }),
+        )
+        .unwrap();
+    cri.start_container(&third);
+    assert_eq!(
+        (cpus_online(cri, &third), cpus_online(cri, &ids[0])),
+        (5, 5),
+        "1 + 1 + 1.5 CPUs of the restored containers + 1 of the third, rounded up"
+    );
+    let grown = memtotal_reaching(cri, &third, total + 60 * 1024);
+    assert!(
+        (60 * 1024..=66 * 1024).contains(&grown.saturating_sub(total)),
+        "the third container's 64 MiB added to the restored VM: {total} -> {grown} kB"
+    );
+    assert_eq!(vmm_pids(cri).len(), 1, "one VM for the restored pod");
     cri.remove_pod(&pod.id);
+    named
 }
 
 /// What `id` sees of its machine: MemTotal (kB) and its processors.

@@ -20,11 +20,17 @@
 //! Growing is: the VMM lets the new vCPUs run (`set_vcpus`), then the
 //! agent brings them online; the VMM asks the guest to plug memory
 //! (`resize_memory`) and the shim waits until it has.
+//!
+//! A pod's named checkpoint carries its record ([`PodGrowth`], members by
+//! CRI name), so a pod restored from it grows on from where it was: its
+//! restored members count until they are taken over, then under their new
+//! container ids.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use burrow_vmm_api::Command;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{vmm, VmSandbox};
@@ -34,7 +40,7 @@ use crate::spec;
 
 /// A pod VM's vCPUs: what it booted with and may grow to, and what its
 /// members ask for.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PodCpus {
     /// vCPUs it booted with running.
     pub base: u32,
@@ -65,7 +71,7 @@ impl PodCpus {
 
 /// A pod VM's memory: what it booted with and may grow to, and what its
 /// members' limits ask for.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PodMemory {
     /// MiB it booted with (`--mem`).
     pub base: u64,
@@ -189,8 +195,61 @@ pub fn cpu_millis(cpu: Option<&Value>) -> Option<u64> {
     Some(quota.saturating_mul(1000).div_ceil(period))
 }
 
+/// A pod's growth record as its checkpoint carries it: its members by CRI
+/// name (container ids are not kept across a restore).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodGrowth {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<PodCpus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<PodMemory>,
+}
+
+impl PodGrowth {
+    /// Check a record against the VM it is restored with (`vcpus` it has,
+    /// `memory_mib` it booted with, `memory_max_mib` it may grow to) and
+    /// the pod's members (`members`, at most): the record is signed with
+    /// the checkpoint, but only ever believed within the VM's own size.
+    pub fn check(
+        &self,
+        vcpus: u32,
+        (memory_mib, memory_max_mib): (u64, Option<u64>),
+        members: usize,
+    ) -> std::result::Result<(), String> {
+        if let Some(c) = &self.cpus {
+            if c.max != vcpus || c.base == 0 || c.base > c.running || c.running > c.max {
+                return Err(format!(
+                    "vCPUs {} running of {} (booted with {}) in a VM of {vcpus}",
+                    c.running, c.max, c.base
+                ));
+            }
+            if c.members.len() > members {
+                return Err(format!("{} members' CPU limits (at most {members})", c.members.len()));
+            }
+        }
+        if let Some(m) = &self.memory {
+            if m.base != memory_mib || Some(m.max) != memory_max_mib || m.target < m.base || m.target > m.max {
+                return Err(format!(
+                    "memory {} MiB asked of {} (booted with {}) in a VM of {memory_mib} MiB that grows to {memory_max_mib:?}",
+                    m.target, m.max, m.base
+                ));
+            }
+            if m.members.len() > members {
+                return Err(format!("{} members' memory limits (at most {members})", m.members.len()));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `members` with each key `key` gives a new one for (those it gives none
+/// for dropped).
+fn rekeyed<V: Copy>(members: &BTreeMap<String, V>, key: impl Fn(&str) -> Option<String>) -> BTreeMap<String, V> {
+    members.iter().filter_map(|(k, v)| Some((key(k)?, *v))).collect()
+}
+
 /// The record of one sandbox (none for a VM that is not a pod's, or one
-/// restored from a checkpoint: those do not grow).
+/// restored from a checkpoint that carried none: those do not grow).
 #[derive(Debug, Default)]
 pub struct Growth(Mutex<Option<PodCpus>>, Mutex<Option<PodMemory>>);
 
@@ -261,6 +320,51 @@ impl Growth {
     fn ran(&self, count: u32) {
         if let Some(p) = self.lock().as_mut() {
             p.running = p.running.max(count);
+        }
+    }
+
+    /// The record for a checkpoint, each member under the name `name`
+    /// gives its key (none: not carried); none when the VM does not grow.
+    pub fn carried(&self, name: impl Fn(&str) -> Option<String>) -> Option<PodGrowth> {
+        let cpus = self.get().map(|mut c| {
+            c.members = rekeyed(&c.members, &name);
+            c
+        });
+        let memory = self.lock_memory().clone().map(|mut m| {
+            m.members = rekeyed(&m.members, &name);
+            m
+        });
+        (cpus.is_some() || memory.is_some()).then_some(PodGrowth { cpus, memory })
+    }
+
+    /// Take up a checkpoint's record (checked with [`PodGrowth::check`]),
+    /// each member under the key `key` gives its name, the guest's share of
+    /// the memory as this host's config says (`overhead`).
+    pub fn restore(&self, g: PodGrowth, overhead: u64, key: impl Fn(&str) -> String) {
+        let some = |n: &str| Some(key(n));
+        self.set(g.cpus.map(|mut c| {
+            c.members = rekeyed(&c.members, some);
+            c
+        }));
+        self.set_memory(g.memory.map(|mut m| {
+            m.members = rekeyed(&m.members, some);
+            m.overhead = overhead;
+            m
+        }));
+    }
+
+    /// Count member `from`'s limits as `to`'s (a restored member taken
+    /// over by a new container).
+    pub fn rename(&self, from: &str, to: &str) {
+        if let Some(p) = self.lock().as_mut() {
+            if let Some(v) = p.members.remove(from) {
+                p.members.insert(to.to_string(), v);
+            }
+        }
+        if let Some(p) = self.lock_memory().as_mut() {
+            if let Some(v) = p.members.remove(from) {
+                p.members.insert(to.to_string(), v);
+            }
         }
     }
 
@@ -429,6 +533,68 @@ mod tests {
         assert_eq!(memory_mib(None), None);
         assert_eq!(vmm_mem_max(256, Some(256)), None);
         assert_eq!(vmm_mem_max(256, Some(512)), Some(512));
+    }
+
+    #[test]
+    fn a_checkpoint_carries_the_record_by_name_and_a_restore_grows_on() {
+        let g = Growth::default();
+        g.set(Some(pod(1, 8, false)));
+        g.set_memory(Some(memory(512, 4096, false)));
+        g.record("id-a", Some(1500));
+        g.ran(3);
+        g.record_memory("id-a", Some(128)).unwrap();
+        g.asked_memory(640);
+        g.record("id-gone", Some(1000));
+        let names = |id: &str| (id == "id-a").then(|| "a".to_string());
+        let carried = g.carried(names).unwrap();
+        let cpus = carried.cpus.as_ref().unwrap();
+        assert_eq!((cpus.running, cpus.members.len()), (3, 1), "{carried:?}");
+        assert_eq!(cpus.members.get("a"), Some(&1500));
+        assert_eq!(carried.memory.as_ref().unwrap().target, 640);
+        // Through the manifest's JSON.
+        let json = serde_json::to_string(&carried).unwrap();
+        let back: PodGrowth = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, carried);
+        assert_eq!(back.check(8, (512, Some(4096)), 16), Ok(()));
+
+        let r = Growth::default();
+        r.restore(back, 32, |name| format!("restored {name}"));
+        assert_eq!(r.lock_memory().as_ref().unwrap().overhead, 32, "this host's overhead");
+        // "a" counts until it is taken over, then as its new id.
+        assert_eq!(r.record("new-b", Some(1000)), Some(4), "1 + 1.5 + 1 CPUs");
+        r.ran(4);
+        r.rename("restored a", "id-a2");
+        r.forget("id-a2");
+        assert_eq!(r.record("new-c", Some(1000)), None, "1 + 1 + 1 run already");
+        assert_eq!(r.record_memory("new-b", Some(64)), Ok(None), "512 + 64 < 640");
+        assert_eq!(r.record_memory("new-c", Some(128)), Ok(Some(704)), "512 + 64 + 128");
+    }
+
+    #[test]
+    fn a_carried_record_outside_its_vm_is_refused() {
+        let ok = PodGrowth {
+            cpus: Some(pod(1, 8, false)),
+            memory: Some(memory(512, 4096, false)),
+        };
+        assert_eq!(ok.check(8, (512, Some(4096)), 16), Ok(()));
+        assert!(ok.check(4, (512, Some(4096)), 16).is_err(), "another vCPU count");
+        assert!(ok.check(8, (1024, Some(4096)), 16).is_err(), "another base");
+        assert!(ok.check(8, (512, None), 16).is_err(), "a VM that cannot grow");
+        let mut bad = ok.clone();
+        bad.cpus.as_mut().unwrap().running = 9;
+        assert!(bad.check(8, (512, Some(4096)), 16).is_err(), "more running than it has");
+        let mut bad = ok.clone();
+        bad.cpus.as_mut().unwrap().base = 0;
+        assert!(bad.check(8, (512, Some(4096)), 16).is_err(), "none running");
+        let mut bad = ok.clone();
+        bad.memory.as_mut().unwrap().target = 4098;
+        assert!(bad.check(8, (512, Some(4096)), 16).is_err(), "past its max");
+        let mut bad = ok.clone();
+        bad.memory.as_mut().unwrap().target = 256;
+        assert!(bad.check(8, (512, Some(4096)), 16).is_err(), "below its base");
+        let mut bad = ok;
+        bad.cpus.as_mut().unwrap().members = (0..17).map(|i| (i.to_string(), 1)).collect();
+        assert!(bad.check(8, (512, Some(4096)), 16).is_err(), "more members than a pod has");
     }
 
     #[test]

@@ -637,10 +637,15 @@ impl VmSandbox {
         // one container's disk goes back into its slot too.
         let in_slots = match &manifest.pod {
             Some(pod) => {
-                match self
-                    .restore_pod_disks((pod, manifest.rootfs_slot), &files, (&c.id, &img))
-                    .await
-                {
+                let memory = (manifest.memory_mib, manifest.memory_max_mib);
+                let restored = match self.restore_growth(cfg, pod, manifest.vcpus, memory) {
+                    Ok(()) => {
+                        self.restore_pod_disks((pod, manifest.rootfs_slot), &files, (&c.id, &img))
+                            .await
+                    }
+                    Err(e) => Err(e),
+                };
+                match restored {
                     Ok(d) => d,
                     Err(e) => {
                         self.forget_waiting();

@@ -87,19 +87,28 @@ impl VmSandbox {
         let mut disks = Vec::new();
         let mut ids: Vec<&String> = r.keys().filter(|id| **id != pod_id).collect();
         ids.sort_unstable();
+        // The growth record's members by name: each container's CRI name,
+        // a waiting one's own.
+        let mut names: Vec<(String, String)> = Vec::new();
         for id in ids {
             let (Some(c), Some(slot)) = (r.get(id), self.slots.of(id)) else {
                 return Err(SandboxError::Internal(format!(
                     "container {id} of pod {pod_id} holds no block slot"
                 )));
             };
-            members.push(member(name_of(id, &c.spec), slot, c));
+            let name = name_of(id, &c.spec);
+            names.push((id.clone(), name.clone()));
+            members.push(member(name, slot, c));
             disks.extend(member_disks(slot, c));
         }
         for w in self.waiting().iter() {
+            names.push((placeholder(&w.name), w.name.clone()));
             members.push(member(w.name.clone(), w.slot, &w.contents));
             disks.extend(member_disks(w.slot, &w.contents));
         }
+        let growth = self.growth.carried(|key| {
+            names.iter().find(|(k, _)| k == key).map(|(_, n)| n.clone())
+        });
         // A shared image layer once.
         disks.sort();
         disks.dedup_by_key(|d| d.0);
@@ -107,6 +116,7 @@ impl VmSandbox {
             slots: self.slots.count(),
             layer_slots: self.slots.for_layers(),
             members,
+            growth,
         };
         let slot = self.slots.of(&pod_id);
         manifest
@@ -224,6 +234,26 @@ impl VmSandbox {
         Ok(in_slots.into_iter().map(|(_, p)| p).collect())
     }
 
+    /// Take up the growth record of pod checkpoint `pod` restored into a
+    /// VM of `vcpus` and `memory` (`--mem` and `--mem-max`): its members
+    /// count under their placeholders until taken over. A record that
+    /// does not fit the VM is refused.
+    pub(super) fn restore_growth(
+        &self,
+        cfg: &crate::config::Config,
+        pod: &PodManifest,
+        vcpus: u32,
+        memory: (u64, Option<u64>),
+    ) -> Result<()> {
+        let Some(g) = pod.growth.clone() else {
+            return Ok(());
+        };
+        g.check(vcpus, memory, snapshot::MAX_POD_MEMBERS)
+            .map_err(|why| SandboxError::InvalidArgument(format!("the pod checkpoint's growth record: {why}")))?;
+        self.growth.restore(g, cfg.memory_mib.overhead, placeholder);
+        Ok(())
+    }
+
     /// Forget the waiting members of a restore that failed.
     pub(super) fn forget_waiting(&self) {
         self.waiting().clear();
@@ -255,6 +285,7 @@ impl VmSandbox {
         };
         self.slots.assign(w.slot, &c.id);
         self.slots.rename_user(&placeholder(&name), &c.id);
+        self.growth.rename(&placeholder(&name), &c.id);
         tracing::info!(
             "{}: took over restored container {name} (slot {}, guest id {})",
             c.id,

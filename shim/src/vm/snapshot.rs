@@ -98,6 +98,12 @@ pub struct PodManifest {
     #[serde(default)]
     pub layer_slots: u32,
     pub members: Vec<PodMember>,
+    /// What the pod's VM grew to and why (its members' limits by CRI
+    /// name): a restored pod grows on from it. None in a checkpoint from
+    /// before pods grew, or of a VM that does not: the restored one does
+    /// not grow either.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub growth: Option<super::grow::PodGrowth>,
 }
 
 /// One container of a pod's checkpoint, besides its sandbox.
@@ -459,6 +465,7 @@ mod tests {
             slots: 9,
             layer_slots: 2,
             members: vec![pod_member(1), pod_member(3)],
+            growth: None,
         });
         write_manifest(d.path(), &m).unwrap();
         populate(d.path());
@@ -475,6 +482,7 @@ mod tests {
                 PodMember { lower_slot: Some(5), ..pod_member(1) },
                 PodMember { lower_slot: Some(5), ..pod_member(3) },
             ],
+            growth: None,
         };
         assert_eq!(shared.lower_slots(), [5]);
         assert_eq!(shared.disk_slots(), [1, 3, 5]);
@@ -485,12 +493,12 @@ mod tests {
         std::fs::write(d.path().join(slot_disk(5)), b"d").unwrap();
         assert_eq!(read_manifest(d.path()).unwrap(), m);
         let bad = [
-            (PodManifest { slots: 9, layer_slots: 0, members: vec![pod_member(0)] }, "slot 0 is given twice"),
-            (PodManifest { slots: 2, layer_slots: 0, members: vec![pod_member(2)] }, "beyond the VM's 2"),
-            (PodManifest { slots: 0, layer_slots: 0, members: vec![] }, "0 block slots"),
-            (PodManifest { slots: 99, layer_slots: 0, members: vec![] }, "99 block slots"),
+            (PodManifest { slots: 9, layer_slots: 0, members: vec![pod_member(0)], growth: None }, "slot 0 is given twice"),
+            (PodManifest { slots: 2, layer_slots: 0, members: vec![pod_member(2)], growth: None }, "beyond the VM's 2"),
+            (PodManifest { slots: 0, layer_slots: 0, members: vec![], growth: None }, "0 block slots"),
+            (PodManifest { slots: 99, layer_slots: 0, members: vec![], growth: None }, "99 block slots"),
             (
-                PodManifest { slots: 17, layer_slots: 0, members: (1..18).map(pod_member).collect() },
+                PodManifest { slots: 17, layer_slots: 0, members: (1..18).map(pod_member).collect(), growth: None },
                 "17 pod members",
             ),
             (
@@ -498,15 +506,17 @@ mod tests {
                     slots: 9,
                     layer_slots: 0,
                     members: vec![PodMember { name: String::new(), ..pod_member(1) }],
+                    growth: None,
                 },
                 "bad name",
             ),
-            (PodManifest { slots: 2, layer_slots: 3, members: vec![] }, "3 of 2 block slots"),
+            (PodManifest { slots: 2, layer_slots: 3, members: vec![], growth: None }, "3 of 2 block slots"),
             (
                 PodManifest {
                     slots: 9,
                     layer_slots: 2,
                     members: vec![PodMember { lower_slot: Some(3), ..pod_member(1) }, pod_member(3)],
+                    growth: None,
                 },
                 "slot 3 is given twice",
             ),
@@ -515,6 +525,7 @@ mod tests {
                     slots: 9,
                     layer_slots: 2,
                     members: vec![PodMember { lower_slot: Some(9), ..pod_member(1) }],
+                    growth: None,
                 },
                 "beyond the VM's 9",
             ),
@@ -525,7 +536,7 @@ mod tests {
             let e = read_manifest(d.path()).unwrap_err();
             assert!(e.to_string().contains(want), "{want}: {e}");
         }
-        m.pod = Some(PodManifest { slots: 9, layer_slots: 0, members: vec![] });
+        m.pod = Some(PodManifest { slots: 9, layer_slots: 0, members: vec![], growth: None });
         m.packed = true;
         write_manifest(d.path(), &m).unwrap();
         let e = read_manifest(d.path()).unwrap_err();

@@ -223,12 +223,13 @@ fn retry_lines(dir: &std::path::Path) -> Vec<String> {
     std::fs::read_to_string(dir.join("retries")).unwrap_or_default().lines().map(str::to_string).collect()
 }
 
-/// CI saw one binary's test host freeze twice in a row: a binary gets two
-/// retries, each recorded, each attempt's log kept. A retry runs only the
-/// tests that had not finished (BURROW_TESTS_DONE), shows the earlier
+/// CI saw one binary's test host freeze twice in a row, and a run here
+/// saw each of its three groups' first test host in trouble: a group gets
+/// three retries, each recorded, each attempt's log kept. A retry runs only
+/// the tests that had not finished (BURROW_TESTS_DONE), shows the earlier
 /// attempts' results, and a test that failed before a freeze stays failed.
 #[test]
-fn a_binary_gets_two_retries_for_test_host_trouble() {
+fn a_group_gets_three_retries_for_test_host_trouble() {
     let _turn = turn();
     let dir = tempfile::tempdir().expect("tempdir");
     // Attempt 1 finishes test a1 and fails b, attempt 2 finishes a2, each
@@ -244,28 +245,43 @@ fn a_binary_gets_two_retries_for_test_host_trouble() {
            echo 'hack/run-test-binaries: fake-0123 finished test a2 ... ok'; \
            echo 'hack/run-test-binaries: beside finished test c ... ok (12 s into the job)'; fi; \
          echo \"done:$BURROW_TESTS_DONE.\"; {}",
-        fake_lockup_until(2)
+        fake_lockup_until(3)
     );
     let (var, stand_in) = stand_in_testhost(dir.path());
     let out = run_vm_binary_with(dir.path(), &script, &[(var, &stand_in)]);
     let all = output_of(&out);
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     assert_eq!(out.status.code(), Some(1), "b failed in attempt 1: {all}");
-    assert!(all.contains("attempt 3 done"), "{all}");
+    assert!(all.contains("attempt 4 done"), "{all}");
     assert!(
-        stdout.contains("done: fake-0123:a1 fake-0123:b fake-0123:a2 beside:c."),
-        "attempt 3 skips a1, b, a2 and beside's c: {all}"
+        stdout.contains("done: fake-0123:a1 fake-0123:b fake-0123:a2 beside:c fake-0123:a3."),
+        "attempt 4 skips a1, b, a2, beside's c and a3: {all}"
     );
-    for line in ["test a1 ... ok", "test b ... FAILED", "test a2 ... ok", "test c ... ok", "test a3 ... ok"] {
+    for line in ["test a1 ... ok", "test b ... FAILED", "test a2 ... ok", "test c ... ok", "test a3 ... ok", "test a4 ... ok"] {
         assert!(stdout.lines().any(|l| l == line), "{line:?} shown: {all}");
     }
     assert!(
-        stdout.contains("test result: FAILED. 3 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out; finished in earlier attempts"),
+        stdout.contains("test result: FAILED. 4 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out; finished in earlier attempts"),
         "{all}"
     );
-    assert_eq!(retry_lines(dir.path()), ["selftest soft lockup", "selftest soft lockup"], "{all}");
+    assert_eq!(retry_lines(dir.path()), ["selftest soft lockup"; 3], "{all}");
     let kept = std::fs::read_dir(dir.path().join("logs")).expect("kept logs").count();
-    assert_eq!(kept, 2, "attempts 1 and 2 kept: {all}");
+    assert_eq!(kept, 3, "attempts 1 to 3 kept: {all}");
+}
+
+/// Past its three retries a group's trouble is a failure (exit 75) that
+/// says so, with the run's budget left.
+#[test]
+fn a_group_in_trouble_a_fourth_time_fails_and_says_why() {
+    let _turn = turn();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (var, stand_in) = stand_in_testhost(dir.path());
+    let out = run_vm_binary_with(dir.path(), &fake_lockup_until(9), &[(var, &stand_in)]);
+    let all = output_of(&out);
+    assert_eq!(out.status.code(), Some(75), "{all}");
+    assert!(!all.contains("done"), "{all}");
+    assert!(all.contains("already had 3 retries (BURROW_TESTHOST_RETRIES): giving up"), "{all}");
+    assert_eq!(retry_lines(dir.path()), ["selftest soft lockup"; 3], "{all}");
 }
 
 /// A run's retries are bounded: with the budget spent, trouble is a

@@ -244,7 +244,7 @@ impl PodGrowth {
 
 /// `members` with each key `key` gives a new one for (those it gives none
 /// for dropped).
-fn rekeyed<V: Copy>(members: &BTreeMap<String, V>, key: impl Fn(&str) -> Option<String>) -> BTreeMap<String, V> {
+fn rekeyed(members: &BTreeMap<String, u64>, key: impl Fn(&str) -> Option<String>) -> BTreeMap<String, u64> {
     members.iter().filter_map(|(k, v)| Some((key(k)?, *v))).collect()
 }
 
@@ -353,29 +353,31 @@ impl Growth {
         }));
     }
 
+    /// Apply `f` to the members' CPU limits and to their memory limits.
+    fn each_members(&self, f: impl Fn(&mut BTreeMap<String, u64>)) {
+        if let Some(p) = self.lock().as_mut() {
+            f(&mut p.members);
+        }
+        if let Some(p) = self.lock_memory().as_mut() {
+            f(&mut p.members);
+        }
+    }
+
     /// Count member `from`'s limits as `to`'s (a restored member taken
     /// over by a new container).
     pub fn rename(&self, from: &str, to: &str) {
-        if let Some(p) = self.lock().as_mut() {
-            if let Some(v) = p.members.remove(from) {
-                p.members.insert(to.to_string(), v);
+        self.each_members(|m| {
+            if let Some(v) = m.remove(from) {
+                m.insert(to.to_string(), v);
             }
-        }
-        if let Some(p) = self.lock_memory().as_mut() {
-            if let Some(v) = p.members.remove(from) {
-                p.members.insert(to.to_string(), v);
-            }
-        }
+        });
     }
 
     /// Forget member `id` (the VM keeps its vCPUs and memory).
     pub fn forget(&self, id: &str) {
-        if let Some(p) = self.lock().as_mut() {
-            p.members.remove(id);
-        }
-        if let Some(p) = self.lock_memory().as_mut() {
-            p.members.remove(id);
-        }
+        self.each_members(|m| {
+            m.remove(id);
+        });
     }
 }
 

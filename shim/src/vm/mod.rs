@@ -638,14 +638,12 @@ impl VmSandbox {
         let in_slots = match &manifest.pod {
             Some(pod) => {
                 let memory = (manifest.memory_mib, manifest.memory_max_mib);
-                let restored = match self.restore_growth(cfg, pod, manifest.vcpus, memory) {
-                    Ok(()) => {
-                        self.restore_pod_disks((pod, manifest.rootfs_slot), &files, (&c.id, &img))
-                            .await
-                    }
-                    Err(e) => Err(e),
+                let restored = async {
+                    self.restore_growth(cfg, pod, manifest.vcpus, memory)?;
+                    self.restore_pod_disks((pod, manifest.rootfs_slot), &files, (&c.id, &img))
+                        .await
                 };
-                match restored {
+                match restored.await {
                     Ok(d) => d,
                     Err(e) => {
                         self.forget_waiting();

@@ -372,7 +372,8 @@ fn ps_as_pid_1_lists_itself_in_every_container() {
 /// The system calls the VMM's thread named `name` is seen blocked in,
 /// ten looks 20 ms apart (numbers, from `/proc/PID/task/TID/syscall`): a
 /// vCPU in the guest is mostly in `ioctl` (KVM_RUN, 16), one the VMM holds
-/// waits on its condvar in `futex` (202) throughout.
+/// waits on its condvar in `futex` (202), but for a moment's look when
+/// the condvar is notified.
 fn thread_syscalls(pid: u32, name: &str) -> Vec<String> {
     for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
         let task = task.unwrap().path();
@@ -444,9 +445,17 @@ fn a_vcpu_runs_only_once_the_vmm_lets_it() {
             "root": {"path": "rootfs"},
             "mounts": [{"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["rw", "nosuid", "noexec", "nodev"]}],
         });
+        // A held vCPU never enters KVM_RUN's ioctl and waits in futex.
+        // It shares the VMM's condition variable with the others, so a
+        // grant or a pause wakes it for a moment to look again: a sample
+        // may catch it "running" on the way back to futex, never in KVM_RUN.
         let held = |what: &str| {
             let seen = thread_syscalls(pid, "vcpu2");
-            assert!(seen.iter().all(|s| s == FUTEX), "{what}: vcpu2 in {seen:?}");
+            let parked = seen.iter().filter(|s| *s == FUTEX).count();
+            assert!(
+                !seen.iter().any(|s| s == IOCTL) && parked * 2 > seen.len(),
+                "{what}: vcpu2 in {seen:?}"
+            );
         };
         // A vCPU let run is in KVM_RUN's ioctl, or on a CPU right now
         // ("running": a busy guest, as at boot in CI); never parked in

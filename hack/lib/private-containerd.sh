@@ -1,7 +1,8 @@
 # Sourced by hack/demo and bench/runtimes: start a private containerd (own
 # socket, root and state under $work) with burrow's shim reachable, import
 # the locally built busybox image, and define `ctr` to talk to it.
-# Needs: $here (repo root), $work (scratch dir, removed by the caller).
+# Needs: $here (repo root), $work (scratch dir, removed by the caller);
+# optional $containerd_log_level (default warn).
 # Sets: $containerd_pid; registers private_containerd_stop on EXIT.
 
 source "$here/hack/lib/burrow-binaries.sh"
@@ -22,7 +23,7 @@ croot=/var/lib/containerd/private-$$
 mkdir -p "$croot"
 printf 'version = 2\nroot = "%s"\nstate = "%s"\n[grpc]\n  address = "%s"\n' \
     "$croot" "$work/state" "$work/containerd.sock" >"$work/containerd.toml"
-containerd --config "$work/containerd.toml" --log-level warn >"$work/containerd.log" 2>&1 &
+containerd --config "$work/containerd.toml" --log-level "${containerd_log_level:-warn}" >"$work/containerd.log" 2>&1 &
 containerd_pid=$!
 private_containerd_stop() {
     kill "$containerd_pid" 2>/dev/null || true

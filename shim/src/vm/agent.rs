@@ -155,6 +155,9 @@ impl Agent {
     ) -> Result<Self> {
         let start = tokio::time::Instant::now();
         let mut last = String::from("never tried");
+        // A restored guest answers within a few ms of its VMM's socket
+        // appearing: look again soon at first, then every 50 ms.
+        let mut pause = Duration::from_millis(5);
         while start.elapsed() < boot_timeout {
             // A guest that takes the connection and never answers the
             // handshake must not hold the shim past its deadline (issue 15).
@@ -188,7 +191,8 @@ impl Agent {
                 }
                 Err(e) => last = e.to_string(),
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(50));
         }
         Err(SandboxError::Timeout(format!(
             "the guest agent did not answer within {}s of boot (last error: {last})",

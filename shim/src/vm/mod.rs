@@ -143,6 +143,11 @@ fn guest_rootfs(_c: &ContainerConfig, rootfs: &GuestRootfs, source: String) -> p
         fstype: rootfs.fstype.clone(),
         options: if rootfs.read_only {
             vec!["ro".into()]
+        } else if rootfs.fstype == "ext4" {
+            // Made with lazily initialised inode tables (mkfs.ext4's
+            // default for a file): no guest thread zeroes them in the
+            // background, writing through the VMM while the container starts.
+            vec!["noinit_itable".into()]
         } else {
             vec![]
         },
@@ -706,7 +711,7 @@ impl VmSandbox {
                 // with the address of the namespace it is restored into
                 // (the same one again, or another: then the old address
                 // goes).
-                template::identity(&agent, &host, generation).await?;
+                template::restored_identity(&agent, &host, generation).await?;
                 self.configure_restored_network(&agent).await?;
                 agent.restored_init(guest_id).await
             })

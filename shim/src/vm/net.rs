@@ -246,15 +246,19 @@ impl SandboxNet {
     }
 
     /// Remove the egress table (its chain on the CNI interface with it)
-    /// and close the tap. The namespace may already be gone.
+    /// and close the tap. The namespace may already be gone. A sandbox
+    /// never joined to a CNI interface has no table (only `wire` adds
+    /// one), and running `nft` to be told so cost its stop ~100 ms.
     pub async fn teardown(mut self) {
         drop(self.refresh.take());
-        let r = in_netns(&self.netns, move |_| {
-            Box::pin(async move { egress::teardown() })
-        })
-        .await;
-        if let Err(e) = r {
-            tracing::debug!("sandbox network teardown: {e}");
+        if !self.cni_if.is_empty() {
+            let r = in_netns(&self.netns, move |_| {
+                Box::pin(async move { egress::teardown() })
+            })
+            .await;
+            if let Err(e) = r {
+                tracing::debug!("sandbox network teardown: {e}");
+            }
         }
         drop(self.tap);
         // Ends the holder; the namespace goes with its last descriptor.

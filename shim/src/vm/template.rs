@@ -238,6 +238,27 @@ pub async fn identity(agent: &Agent, hostname: &str, generation: u64) -> Result<
     .map(drop)
 }
 
+/// [`identity`] for a guest the launcher restored: the launch already set
+/// its clock and added entropy (reseeding its CRNG) before anything else,
+/// so only the names are left.
+pub async fn restored_identity(agent: &Agent, hostname: &str, generation: u64) -> Result<()> {
+    agent.set_identity(hostname, &random_hex()?, generation).await
+}
+
+/// Where the guest side of a template start went, in ms from the agent's
+/// first answer.
+struct GuestPhases {
+    total: u128,
+    /// The identity calls and a named namespace's NIC.
+    identity: u128,
+    /// When the root filesystem made beside the restore was ready.
+    rootfs_ready: u128,
+    /// When its slot was attached.
+    attached: u128,
+    /// The container's create in the guest (after both).
+    container: u128,
+}
+
 impl VmSandbox {
     /// The sandbox id (its state directory's name).
     pub(super) fn sandbox_id(&self) -> String {
@@ -262,7 +283,8 @@ impl VmSandbox {
         let (key, info) = key(cfg, shape)?;
         let dir = cfg.template_dir.join(&key);
         let restored = published(&dir);
-        let from = if restored.is_some() {
+        let from_template = restored.is_some();
+        let from = if from_template {
             "restored"
         } else {
             "built"
@@ -313,8 +335,13 @@ impl VmSandbox {
             // The guest's identity and network, and the root filesystem's
             // slot (the VMM's API), are independent: all at once.
             let guest_side = async {
-                identity(&agent, &host, self.vm_generation()).await?;
-                self.configure_restored_network(&agent).await
+                if from_template {
+                    restored_identity(&agent, &host, self.vm_generation()).await?;
+                } else {
+                    identity(&agent, &host, self.vm_generation()).await?;
+                }
+                self.configure_restored_network(&agent).await?;
+                Ok::<_, SandboxError>(t.elapsed().as_millis())
             };
             let disk_side = async {
                 let rootfs = rootfs.await.map_err(|_| {
@@ -322,14 +349,25 @@ impl VmSandbox {
                 })?;
                 let waited = t.elapsed().as_millis();
                 self.attach_rootfs(slot, &rootfs).await?;
-                Ok::<_, SandboxError>((rootfs, waited))
+                Ok::<_, SandboxError>((rootfs, waited, t.elapsed().as_millis()))
             };
-            let ((), (rootfs, waited)) = tokio::try_join!(guest_side, disk_side)?;
+            let (identity_ms, (rootfs, waited, attached)) =
+                tokio::try_join!(guest_side, disk_side)?;
             let guest = guest_rootfs(c, &rootfs, pod::guest_source(slot));
+            let container = Instant::now();
             let pid = agent
                 .create_container(&c.id, &spec_json, guest, c.stdin)
                 .await?;
-            Ok((pid, t.elapsed().as_millis(), waited))
+            Ok((
+                pid,
+                GuestPhases {
+                    total: t.elapsed().as_millis(),
+                    identity: identity_ms,
+                    rootfs_ready: waited,
+                    attached,
+                    container: container.elapsed().as_millis(),
+                },
+            ))
         };
         let booting = Instant::now();
         let start = async {
@@ -355,16 +393,19 @@ impl VmSandbox {
         // had none.
         let (rootfs_ms, started_vm) = tokio::join!(prepare, start);
         let rootfs_ms = rootfs_ms?;
-        let (pid, guest_ms, waited_ms) = started_vm?;
+        let (pid, guest) = started_vm?;
         self.record_phases(
             &c.id,
             &format!(
-                "created from a template ({from}) in {} ms: root filesystem {} ms (beside the VM's start), VM to agent ready {} ms, identity, slot and container in the guest {} ms (the root filesystem ready {} ms into it)",
+                "created from a template ({from}) in {} ms: root filesystem {} ms (beside the VM's start), VM to agent ready {} ms, identity, slot and container in the guest {} ms (identity and network {} ms; the root filesystem ready {} ms into it, its slot attached at {} ms; the container's create {} ms)",
                 started.elapsed().as_millis(),
                 rootfs_ms,
-                booting.elapsed().as_millis().saturating_sub(guest_ms),
-                guest_ms,
-                waited_ms
+                booting.elapsed().as_millis().saturating_sub(guest.total),
+                guest.total,
+                guest.identity,
+                guest.rootfs_ready,
+                guest.attached,
+                guest.container,
             ),
         );
         Ok(self.task_pid(pid).await)

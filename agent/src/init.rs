@@ -8,6 +8,7 @@ use nix::fcntl::OFlag;
 use nix::mount::{mount, MsFlags};
 use nix::sys::stat::Mode;
 
+use crate::container::cgroup;
 use crate::error::{invalid, AgentError, Result};
 
 fn mount_fs(
@@ -125,8 +126,22 @@ pub fn setup_pid1() -> anyhow::Result<()> {
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
         Some("mode=1777"),
     )?;
-    if let Err(e) = mount_fs("cgroup2", "/sys/fs/cgroup", "cgroup2", nosuid, None) {
-        tracing::warn!("no cgroup2: {e}");
+    // favordynmods: moving a process into a cgroup (every container's
+    // init and exec) and enabling controllers no longer wait for an RCU
+    // grace period each; fork and exit take a slower path in exchange.
+    // Linux 6.0 has it; an older guest kernel mounts without.
+    let cgroup2 = mount_fs("cgroup2", cgroup::MOUNT, "cgroup2", nosuid, Some("favordynmods"))
+        .or_else(|e| {
+            tracing::info!("cgroup2 without favordynmods: {e}");
+            mount_fs("cgroup2", cgroup::MOUNT, "cgroup2", nosuid, None)
+        });
+    match cgroup2 {
+        Ok(()) => {
+            if let Err(e) = cgroup::prepare(Path::new(cgroup::MOUNT)) {
+                tracing::warn!("containers' cgroup: {e}");
+            }
+        }
+        Err(e) => tracing::warn!("no cgroup2: {e}"),
     }
     let hostname = kernel_cmdline_value("burrow.hostname").unwrap_or_else(|| "burrow".into());
     if let Err(e) = nix::unistd::sethostname(&hostname) {

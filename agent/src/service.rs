@@ -104,6 +104,7 @@ impl AgentService {
         }
         // The cgroup first: resources the guest kernel cannot apply are a
         // clear error with nothing mounted.
+        let t = std::time::Instant::now();
         let cgroup = if self.pid1 {
             let resources = spec.linux().as_ref().and_then(|l| l.resources().clone());
             let id = req.container_id.clone();
@@ -118,6 +119,7 @@ impl AgentService {
             None
         };
         let confine = Confine { seccomp, cgroup };
+        let cgroup_us = t.elapsed().as_micros();
         let undo = |bundle: Option<&Path>| {
             if let Some(b) = bundle {
                 container::unmount_container(b);
@@ -140,6 +142,7 @@ impl AgentService {
                     return Err(e);
                 }
             };
+        let mounted_us = t.elapsed().as_micros();
         let pid_masks = match container::pid_namespace(&spec) {
             Ok(m) => m,
             Err(e) => {
@@ -189,7 +192,15 @@ impl AgentService {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(req.container_id.clone(), Arc::new(c));
-        tracing::info!(container = %req.container_id, pid, "container created");
+        // Where a create's time went (a start's cost is mostly here).
+        tracing::info!(
+            container = %req.container_id,
+            pid,
+            cgroup_us,
+            mounted_us,
+            spawned_us = t.elapsed().as_micros(),
+            "container created"
+        );
         let mut resp = CreateContainerResponse::new();
         resp.pid = u32::try_from(pid).unwrap_or(0);
         Ok(resp)

@@ -59,6 +59,9 @@ pub(crate) fn resolve_in(
     }
     let start = Instant::now();
     let mut seen = false;
+    // The guest learns a new capacity from a config-change interrupt a
+    // moment after the host's attach: look again soon, then every 20 ms.
+    let mut pause = Duration::from_millis(1);
     loop {
         if let Some((name, sectors)) = find(sys_block, serial) {
             seen = true;
@@ -77,7 +80,8 @@ pub(crate) fn resolve_in(
                 wait.as_secs()
             )));
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(20));
     }
 }
 

@@ -229,11 +229,10 @@ pub fn hostname(id: &str) -> String {
 /// The calls are independent and share one connection, so they go out
 /// together: one round trip to the guest instead of four in a row.
 pub async fn identity(agent: &Agent, hostname: &str, generation: u64) -> Result<()> {
-    let machine_id = random_hex()?;
     tokio::try_join!(
         agent.set_time_now(),
         agent.add_entropy(),
-        agent.set_identity(hostname, &machine_id, generation),
+        restored_identity(agent, hostname, generation),
     )
     .map(drop)
 }

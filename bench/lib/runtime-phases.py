@@ -4,8 +4,9 @@ Usage: runtime-phases.py MARKS CONTAINERD_LOG
 
 MARKS has one line per timed run: `bench-RUNTIME-N T0 T1` (epoch seconds).
 CONTAINERD_LOG is the private containerd's log at debug level, with the
-shims' own lines in it. Prints two markdown tables (medians, in ms):
+shims' own lines in it. Prints three markdown tables (medians, in ms):
 
+0. burrow's creates, from the shim's `created` line of each run.
 1. every runtime, split at the events containerd logs ("event published"
    for its own, "event forwarded" for a shim's): ctr until the container
    record exists (image, snapshot, record), the task's create (the shim's
@@ -86,6 +87,25 @@ def by_events(marks, events):
                'delete', 'after', 'whole (ms)', 'runs'], rows)
 
 
+def by_create_line(marks, events):
+    """burrow's creates, from the shim's `created` line of each run: the
+    create, its root filesystem, the VM to an answering agent, and the
+    guest's side (the line's first four times)."""
+    rows = {}
+    for name, rt, t0, t1 in marks:
+        if not rt.startswith('burrow'):
+            continue
+        line = next((m for t, m, _ in events if t0 <= t <= t1 and m.startswith(f'{name}: created')), None)
+        times = [int(ms) / 1000 for ms in re.findall(r'(\d+) ms', line or '')[:4]]
+        if len(times) < 4:
+            print(f'{name}: no phase line in containerd\'s log', file=sys.stderr)
+            continue
+        rows.setdefault(rt, []).append(times)
+    if rows:
+        table(['create, median (ms)', 'root filesystem (ms)', 'VM to agent ready (ms)',
+               'identity and container in the guest (ms)', 'starts'], rows)
+
+
 def by_shim_lines(marks, events):
     rows = {}
     for name, rt, t0, t1 in marks:
@@ -118,6 +138,7 @@ def by_shim_lines(marks, events):
 def main():
     marks = list(read_marks(sys.argv[1]))
     events = read_log(sys.argv[2])
+    by_create_line(marks, events)
     by_events(marks, events)
     by_shim_lines(marks, events)
 

@@ -1,6 +1,8 @@
 //! The guest's CPUs: a pod's VM boots with some of its vCPUs offline
 //! (`maxcpus=`) and the shim asks for more as containers arrive; the VMM
-//! lets them run first, then [`online`] brings them up through sysfs.
+//! lets them run first, then [`online`] brings them up through sysfs. As
+//! containers leave, [`online`] takes the extra ones offline again before
+//! the VMM holds them.
 
 use std::path::Path;
 
@@ -8,8 +10,9 @@ use crate::error::{AgentError, Result};
 
 const CPU_DIR: &str = "/sys/devices/system/cpu";
 
-/// Bring CPUs `0..count` online (CPU 0 always is); answers how many are
-/// online afterwards.
+/// Have exactly CPUs `0..count` online (CPU 0 always is): those past
+/// them are taken offline, highest first, then the rest brought up;
+/// answers how many are online afterwards.
 pub fn online(count: u32) -> Result<u32> {
     online_in(Path::new(CPU_DIR), count)
 }
@@ -27,6 +30,15 @@ fn online_in(dir: &Path, count: u32) -> Result<u32> {
         return Err(AgentError::InvalidArgument(format!(
             "cannot have {count} CPUs online: the guest has {present}"
         )));
+    }
+    for cpu in (count..present).rev() {
+        let file = dir.join(format!("cpu{cpu}/online"));
+        if read(&file)? == "0" {
+            continue;
+        }
+        std::fs::write(&file, b"0").map_err(|e| {
+            AgentError::FailedPrecondition(format!("taking CPU {cpu} offline: {e}"))
+        })?;
     }
     for cpu in 1..count {
         let file = dir.join(format!("cpu{cpu}/online"));
@@ -96,6 +108,11 @@ mod tests {
         online_in(dir.path(), 3).unwrap();
         assert_eq!(std::fs::read_to_string(dir.path().join("cpu1/online")).unwrap(), "1");
         assert_eq!(std::fs::read_to_string(dir.path().join("cpu2/online")).unwrap(), "1");
+        assert_eq!(std::fs::read_to_string(dir.path().join("cpu3/online")).unwrap(), "0\n");
+        // Fewer: the ones past them go offline, the first stay.
+        online_in(dir.path(), 2).unwrap();
+        assert_eq!(std::fs::read_to_string(dir.path().join("cpu1/online")).unwrap(), "1");
+        assert_eq!(std::fs::read_to_string(dir.path().join("cpu2/online")).unwrap(), "0");
         assert_eq!(std::fs::read_to_string(dir.path().join("cpu3/online")).unwrap(), "0\n");
         let e = online_in(dir.path(), 5).unwrap_err();
         assert!(matches!(e, AgentError::InvalidArgument(_)), "{e}");

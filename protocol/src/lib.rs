@@ -47,8 +47,9 @@
 //!   `PowerOff` answers, then powers the VM off 100 ms later.
 //! - A pod's VM that grows: once burrow-vmm lets more vCPUs run
 //!   (`set_vcpus`), `OnlineCpus{count}` brings CPUs `0..count` online
-//!   through sysfs and answers how many are (INVALID_ARGUMENT past the
-//!   present ones).
+//!   through sysfs, takes those past them offline, and answers how many
+//!   are online (INVALID_ARGUMENT past the present ones). A VM that
+//!   shrinks takes them offline first, then burrow-vmm holds them.
 //!
 //! # Detached sessions
 //!

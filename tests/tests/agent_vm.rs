@@ -415,7 +415,9 @@ fn api(path: &Path, line: &str) -> serde_json::Value {
 /// the VMM never runs that vCPU (its thread waits in `futex`, where a
 /// running vCPU's is in KVM_RUN's `ioctl`); once the VMM lets two run
 /// (`set_vcpus`), the agent's OnlineCpus brings the second online, and
-/// the third is still held.
+/// the third is still held. Then it shrinks back (the agent takes the
+/// second offline, the VMM holds it again) and grows once more: a held
+/// vCPU that ran before comes back online.
 #[test]
 fn a_vcpu_runs_only_once_the_vmm_lets_it() {
     const FUTEX: &str = "202";
@@ -449,14 +451,15 @@ fn a_vcpu_runs_only_once_the_vmm_lets_it() {
         // It shares the VMM's condition variable with the others, so a
         // grant or a pause wakes it for a moment to look again: a sample
         // may catch it "running" on the way back to futex, never in KVM_RUN.
-        let held = |what: &str| {
-            let seen = thread_syscalls(pid, "vcpu2");
+        let held_vcpu = |name: &str, what: &str| {
+            let seen = thread_syscalls(pid, name);
             let parked = seen.iter().filter(|s| *s == FUTEX).count();
             assert!(
                 !seen.iter().any(|s| s == IOCTL) && parked * 2 > seen.len(),
-                "{what}: vcpu2 in {seen:?}"
+                "{what}: {name} in {seen:?}"
             );
         };
+        let held = |what: &str| held_vcpu("vcpu2", what);
         // A vCPU let run is in KVM_RUN's ioctl, or on a CPU right now
         // ("running": a busy guest, as at boot in CI); never parked in
         // futex the whole time the way a held one is.
@@ -498,6 +501,29 @@ fn a_vcpu_runs_only_once_the_vmm_lets_it() {
         assert_eq!(code_of(c.online_cpus(ctx(), &req).await), ttrpc::Code::INVALID_ARGUMENT);
         in_guest("vcpu1");
         held("after vCPU 1 was let run");
+
+        // Back to one: offline in the guest first, then held by the VMM.
+        req.count = 1;
+        assert_eq!(c.online_cpus(ctx(), &req).await.unwrap().online, 1);
+        let seen = c.read_file(ctx(), &f).await.unwrap();
+        assert_eq!(String::from_utf8_lossy(&seen.data).trim(), "0", "vCPU 1 offline");
+        let r = api(&api_sock, r#"{"cmd":"set_vcpus","count":1}"#);
+        assert_eq!(r["ok"], true, "{r}");
+        // The kick is sent before the answer; give the thread its moment.
+        std::thread::sleep(Duration::from_millis(200));
+        held_vcpu("vcpu1", "after the VMM held vCPU 1 again");
+        held("after vCPU 1 was held");
+        in_guest("vcpu0");
+
+        // And two again: the vCPU that ran and was held comes back.
+        let r = api(&api_sock, r#"{"cmd":"set_vcpus","count":2}"#);
+        assert_eq!(r["ok"], true, "{r}");
+        req.count = 2;
+        assert_eq!(c.online_cpus(ctx(), &req).await.unwrap().online, 2);
+        let seen = c.read_file(ctx(), &f).await.unwrap();
+        assert_eq!(String::from_utf8_lossy(&seen.data).trim(), "0-1", "vCPU 1 online again");
+        in_guest("vcpu1");
+        held("after vCPU 1 came back");
         c.power_off(ctx(), &PowerOffRequest::new()).await.unwrap();
     });
     assert!(st.success(), "{st}");

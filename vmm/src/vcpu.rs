@@ -90,13 +90,21 @@ impl VcpuControl {
         u8::try_from(self.running.load(Ordering::Acquire)).unwrap_or(u8::MAX)
     }
 
-    /// Let the first `count` vCPUs run (never fewer than now).
-    pub fn grant(&self, count: u8) {
+    /// Let exactly the first `count` vCPUs run (at least one): more are let
+    /// go at once; those past `count` are kicked out of KVM_RUN and park
+    /// until granted again. The guest must have taken them offline first,
+    /// or it waits on CPUs that no longer run.
+    pub fn set_running(&self, count: u8, threads: &[JoinHandle<()>]) {
         let mut st = lock(&self.state);
-        let count = usize::from(count).max(st.running).min(st.saves.len());
+        let count = usize::from(count).clamp(1, st.saves.len().max(1));
+        let fewer = count < st.running;
         st.running = count;
         self.running.store(count, Ordering::Release);
         self.cv.notify_all();
+        drop(st);
+        if fewer {
+            Self::kick(threads.get(count..).unwrap_or_default());
+        }
     }
 
     /// Called by vCPU `id` before each KVM_RUN and after EINTR. Returns

@@ -460,8 +460,8 @@ impl Vmm {
         })
     }
 
-    /// Let the first `count` vCPUs run; fewer than run now changes nothing
-    /// (vCPUs are only added).
+    /// Let the first `count` vCPUs run: more than now start, fewer hold
+    /// those past `count` (the guest must have offlined them first).
     fn set_vcpus(&mut self, count: u8) -> Response {
         let running = self.control.running();
         if count == 0 || count > self.vcpu_count {
@@ -473,13 +473,15 @@ impl Vmm {
         if !matches!(self.state, VmState::Created | VmState::Running | VmState::Paused) {
             return Response::err(ApiError::new(
                 ApiErrorKind::InvalidState,
-                format!("cannot add vCPUs: VM is {:?}", self.state),
+                format!("cannot change its vCPUs: VM is {:?}", self.state),
             ));
         }
         if count > running {
             tracing::info!("vCPUs {running}..{count} may run");
-            self.control.grant(count);
+        } else if count < running {
+            tracing::info!("vCPUs {count}..{running} held");
         }
+        self.control.set_running(count, &self.threads);
         Response::ok(self.state)
     }
 

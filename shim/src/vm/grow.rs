@@ -1,4 +1,5 @@
-//! A pod's VM grows its vCPUs and memory as containers arrive.
+//! A pod's VM grows its vCPUs and memory as containers arrive, and gives
+//! them back as containers leave.
 //!
 //! A CRI pod's VM boots with `vcpus.max` vCPUs of which only the pod's
 //! size run ([`crate::spec::vm_size`]): the rest are present to the guest
@@ -10,7 +11,9 @@
 //! `io.burrow.memory_mib` sized the VM, it grows only if its members'
 //! limits outgrow that size; when the VM has the configured default
 //! instead, each member's limit is added to it, as Kata does.
-//! UpdateContainerResources counts too. It never shrinks.
+//! UpdateContainerResources counts too. When a member is removed (or an
+//! update lowers its limits) the VM shrinks back to what the rest need,
+//! never below what it booted with.
 //!
 //! vCPUs stop at `vcpus.max`: a container asking for more still runs,
 //! within its own cgroup quota. Memory past `memory_mib.max` is refused
@@ -19,7 +22,12 @@
 //!
 //! Growing is: the VMM lets the new vCPUs run (`set_vcpus`), then the
 //! agent brings them online; the VMM asks the guest to plug memory
-//! (`resize_memory`) and the shim waits until it has.
+//! (`resize_memory`) and the shim waits until it has. Shrinking is the
+//! other way round: the agent takes the vCPUs offline, then the VMM holds
+//! their threads (a vCPU held while the guest still had it online would
+//! stall the guest); the VMM asks the guest to unplug memory, which it
+//! does as far as it can free it, in its own time (the shim does not
+//! wait). One resize runs at a time, each to what the record says then.
 //!
 //! A pod's named checkpoint carries its record ([`PodGrowth`], members by
 //! CRI name), so a pod restored from it grows on from where it was: its
@@ -56,7 +64,7 @@ pub struct PodCpus {
 }
 
 impl PodCpus {
-    /// vCPUs the pod needs now (at most `max`).
+    /// vCPUs the pod needs now (at least `base`, at most `max`).
     pub fn needed(&self) -> u32 {
         let millis: u64 = self.members.values().sum();
         let cpus = u32::try_from(millis.div_ceil(1000)).unwrap_or(u32::MAX);
@@ -65,7 +73,8 @@ impl PodCpus {
         } else {
             self.base.saturating_add(cpus)
         };
-        want.clamp(self.running.max(1), self.max.max(self.running).max(1))
+        let least = self.base.max(1);
+        want.clamp(least, self.max.max(least))
     }
 }
 
@@ -101,7 +110,7 @@ impl PodMemory {
         if want > self.max {
             Err(want)
         } else {
-            Ok(want.max(self.target))
+            Ok(want)
         }
     }
 }
@@ -249,9 +258,14 @@ fn rekeyed(members: &BTreeMap<String, u64>, key: impl Fn(&str) -> Option<String>
 }
 
 /// The record of one sandbox (none for a VM that is not a pod's, or one
-/// restored from a checkpoint that carried none: those do not grow).
+/// restored from a checkpoint that carried none: those do not grow), and
+/// the lock one resize of its VM holds.
 #[derive(Debug, Default)]
-pub struct Growth(Mutex<Option<PodCpus>>, Mutex<Option<PodMemory>>);
+pub struct Growth(
+    Mutex<Option<PodCpus>>,
+    Mutex<Option<PodMemory>>,
+    tokio::sync::Mutex<()>,
+);
 
 impl Growth {
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<PodCpus>> {
@@ -272,7 +286,7 @@ impl Growth {
     }
 
     /// Record member `id`'s memory limit (none: it has none): `Ok` of the
-    /// MiB the VM must grow to if more than asked so far; `Err` of what
+    /// MiB the VM must have if not what was asked so far; `Err` of what
     /// the pod would need when that is past the maximum (nothing is
     /// recorded then).
     fn record_memory(&self, id: &str, mib: Option<u64>) -> std::result::Result<Option<u64>, (u64, u64)> {
@@ -287,12 +301,19 @@ impl Growth {
         };
         let need = p.needed(&members).map_err(|n| (n, p.max))?;
         p.members = members;
-        Ok((need > p.target).then_some(need))
+        Ok((need != p.target).then_some(need))
+    }
+
+    /// MiB the pod needs now and MiB asked so far (none: it does not grow).
+    fn memory_wanted(&self) -> Option<(u64, u64)> {
+        let g = self.lock_memory();
+        let p = g.as_ref()?;
+        Some((p.needed(&p.members).unwrap_or(p.max), p.target))
     }
 
     fn asked_memory(&self, mib: u64) {
         if let Some(p) = self.lock_memory().as_mut() {
-            p.target = p.target.max(mib);
+            p.target = mib;
         }
     }
 
@@ -305,7 +326,7 @@ impl Growth {
     }
 
     /// Record member `id`'s limit (none: it has none); the vCPUs the pod
-    /// needs now if that is more than run.
+    /// needs now if that is not what runs.
     fn record(&self, id: &str, millis: Option<u64>) -> Option<u32> {
         let mut g = self.lock();
         let p = g.as_mut()?;
@@ -314,12 +335,12 @@ impl Growth {
             None => p.members.remove(id),
         };
         let need = p.needed();
-        (need > p.running).then_some(need)
+        (need != p.running).then_some(need)
     }
 
     fn ran(&self, count: u32) {
         if let Some(p) = self.lock().as_mut() {
-            p.running = p.running.max(count);
+            p.running = count;
         }
     }
 
@@ -373,7 +394,8 @@ impl Growth {
         });
     }
 
-    /// Forget member `id` (the VM keeps its vCPUs and memory).
+    /// Forget member `id` ([`VmSandbox::fit_to_members`] then gives back
+    /// what it alone needed).
     pub fn forget(&self, id: &str) {
         self.each_members(|m| {
             m.remove(id);
@@ -386,25 +408,63 @@ const PLUG_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl VmSandbox {
     /// Count member `id`'s memory limit (`memory` of its
-    /// `LinuxResources`) and grow the VM's memory to what the pod needs,
-    /// waiting until the guest has plugged it. A limit the VM cannot
-    /// reach even at its maximum is refused.
+    /// `LinuxResources`) and resize the VM's memory to what the pod needs,
+    /// waiting until the guest has plugged it when it grows. A limit the
+    /// VM cannot reach even at its maximum is refused.
     pub(super) async fn grow_memory_for(&self, id: &str, memory: Option<&Value>) -> Result<()> {
-        let need = match self.growth.record_memory(id, memory_mib(memory)) {
-            Ok(Some(need)) => need,
-            Ok(None) => return Ok(()),
-            Err((need, max)) => {
-                return Err(SandboxError::ResourceExhausted(format!(
-                    "container {id}: its memory limit makes its pod need {need} MiB, past the {max} MiB a VM may have here (memory_mib.max in the burrow config)"
-                )))
-            }
+        match self.growth.record_memory(id, memory_mib(memory)) {
+            Ok(Some(_)) => self.fit_memory(id).await,
+            Ok(None) => Ok(()),
+            Err((need, max)) => Err(SandboxError::ResourceExhausted(format!(
+                "container {id}: its memory limit makes its pod need {need} MiB, past the {max} MiB a VM may have here (memory_mib.max in the burrow config)"
+            ))),
+        }
+    }
+
+    /// Count member `id`'s CPU limit (`cpu` of its `LinuxResources`) and
+    /// resize the VM if the pod now needs another number of vCPUs.
+    pub(super) async fn grow_for(&self, id: &str, cpu: Option<&Value>) -> Result<()> {
+        match self.growth.record(id, cpu_millis(cpu)) {
+            Some(_) => self.fit_vcpus(id).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Member `id` has left: give back the vCPUs and memory it alone
+    /// needed, if the VM runs (a sleeping or stopped one keeps its size).
+    pub(super) async fn fit_to_members(&self, id: &str) {
+        self.growth.forget(id);
+        if self.vm.phase().handle().is_none() {
+            return;
+        }
+        if let Err(e) = self.fit_vcpus(id).await {
+            tracing::warn!("{id}: the pod's VM kept its vCPUs: {e}");
+        }
+        if let Err(e) = self.fit_memory(id).await {
+            tracing::warn!("{id}: the pod's VM kept its memory: {e}");
+        }
+    }
+
+    /// Resize the VM's memory to what its record says the pod needs now
+    /// (one resize at a time; `id` names the member it is for in logs).
+    async fn fit_memory(&self, id: &str) -> Result<()> {
+        let _one = self.growth.2.lock().await;
+        let Some((need, asked)) = self.growth.memory_wanted() else {
+            return Ok(());
         };
+        if need == asked {
+            return Ok(());
+        }
         self.vm.awake().await?;
         let api = self.path("api.sock");
         vmm::command_at_with(&api, Command::ResizeMemory { mib: need }, &[])
             .await
-            .map_err(|e| SandboxError::Internal(format!("growing the VM's memory to {need} MiB: {e}")))?;
+            .map_err(|e| SandboxError::Internal(format!("resizing the VM's memory to {need} MiB: {e}")))?;
         self.growth.asked_memory(need);
+        if need < asked {
+            tracing::info!("{id}: the pod's VM gives back memory: {asked} -> {need} MiB asked");
+            return Ok(());
+        }
         let started = std::time::Instant::now();
         loop {
             let answer = vmm::command_at_with(&api, Command::Status, &[])
@@ -428,21 +488,43 @@ impl VmSandbox {
         }
     }
 
-    /// Count member `id`'s CPU limit (`cpu` of its `LinuxResources`) and
-    /// grow the VM if the pod now needs more vCPUs than run.
-    pub(super) async fn grow_for(&self, id: &str, cpu: Option<&Value>) -> Result<()> {
-        let Some(count) = self.growth.record(id, cpu_millis(cpu)) else {
+    /// Run as many vCPUs as the record says the pod needs now: more are
+    /// let run by the VMM, then brought online by the agent; fewer are
+    /// taken offline by the agent, then held by the VMM.
+    async fn fit_vcpus(&self, id: &str) -> Result<()> {
+        let _one = self.growth.2.lock().await;
+        let Some(p) = self.growth.get() else {
             return Ok(());
         };
+        let (count, running) = (p.needed(), p.running);
+        if count == running {
+            return Ok(());
+        }
         let handle = self.vm.awake().await?;
         let n = u8::try_from(count)
             .map_err(|_| SandboxError::InvalidArgument(format!("{count} vCPUs")))?;
-        vmm::command_at_with(&self.path("api.sock"), Command::SetVcpus { count: n }, &[])
-            .await
-            .map_err(|e| SandboxError::Internal(format!("letting {count} vCPUs run: {e}")))?;
+        let set_vcpus = || async {
+            vmm::command_at_with(&self.path("api.sock"), Command::SetVcpus { count: n }, &[])
+                .await
+                .map_err(|e| SandboxError::Internal(format!("letting {count} vCPUs run: {e}")))
+        };
+        if count > running {
+            set_vcpus().await?;
+            let online = handle.agent.online_cpus(count).await?;
+            self.growth.ran(online);
+            tracing::info!("{id}: the pod's VM has {online} vCPUs online (asked for {count})");
+            return Ok(());
+        }
         let online = handle.agent.online_cpus(count).await?;
         self.growth.ran(online);
-        tracing::info!("{id}: the pod's VM has {online} vCPUs online (asked for {count})");
+        if online != count {
+            // The VMM goes on running every vCPU the guest has online.
+            return Err(SandboxError::FailedPrecondition(format!(
+                "the guest has {online} vCPUs online, asked for {count}"
+            )));
+        }
+        set_vcpus().await?;
+        tracing::info!("{id}: the pod's VM gives back vCPUs: {running} -> {count}");
         Ok(())
     }
 }
@@ -473,8 +555,13 @@ mod tests {
         assert_eq!(g.record("d", Some(2500)), Some(4), "clamped to the maximum");
         g.ran(4);
         g.forget("d");
-        assert_eq!(g.record("e", Some(100)), None, "never shrinks, never asks again");
-        assert_eq!(g.get().unwrap().running, 4);
+        assert_eq!(g.get().unwrap().needed(), 2, "d gone: 1 + 1.0 CPU");
+        assert_eq!(g.record("e", Some(100)), Some(3), "1 + 1.1 CPUs: 3, fewer than run");
+        g.ran(3);
+        g.forget("b");
+        g.forget("c");
+        g.forget("e");
+        assert_eq!(g.get().unwrap().needed(), 1, "never below what it booted with");
     }
 
     #[test]
@@ -514,7 +601,13 @@ mod tests {
         assert_eq!(g.record_memory("e", Some(3)), Ok(Some(388)), "d was not recorded");
         g.asked_memory(388);
         g.forget("b");
-        assert_eq!(g.record_memory("f", Some(2)), Ok(None), "never shrinks: 256 + 7 < 388");
+        assert_eq!(g.memory_wanted(), Some((262, 388)), "b gone: 256 + 5, rounded up");
+        assert_eq!(g.record_memory("f", Some(2)), Ok(Some(264)), "256 + 7, rounded up");
+        g.asked_memory(264);
+        for m in ["c", "e", "f"] {
+            g.forget(m);
+        }
+        assert_eq!(g.memory_wanted(), Some((256, 264)), "never below what it booted with");
     }
 
     #[test]
@@ -567,8 +660,8 @@ mod tests {
         r.ran(4);
         r.rename("restored a", "id-a2");
         r.forget("id-a2");
-        assert_eq!(r.record("new-c", Some(1000)), None, "1 + 1 + 1 run already");
-        assert_eq!(r.record_memory("new-b", Some(64)), Ok(None), "512 + 64 < 640");
+        assert_eq!(r.record("new-c", Some(1000)), Some(3), "1 + 1 + 1: one fewer than run");
+        assert_eq!(r.record_memory("new-b", Some(64)), Ok(Some(576)), "512 + 64: less than asked");
         assert_eq!(r.record_memory("new-c", Some(128)), Ok(Some(704)), "512 + 64 + 128");
     }
 

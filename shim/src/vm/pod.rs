@@ -403,9 +403,9 @@ impl VmSandbox {
 
     /// Empty container `id`'s slot, if it has one (the VM may be gone),
     /// and its shared image layer's when no other container uses it (its
-    /// file removed too).
+    /// file removed too); then give back the vCPUs and memory it alone
+    /// needed.
     pub(super) async fn release_slot(&self, id: &str) {
-        self.growth.forget(id);
         let own = self.slots.release(id);
         let shared = self.slots.leave_shared(id);
         for slot in own.into_iter().chain(shared.as_ref().map(|s| s.0)) {
@@ -418,6 +418,7 @@ impl VmSandbox {
         if let Some((_, disk)) = shared {
             let _ = std::fs::remove_file(disk);
         }
+        self.fit_to_members(id).await;
     }
 
     async fn slot_command(&self, cmd: Command) -> Result<()> {

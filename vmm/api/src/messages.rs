@@ -57,8 +57,9 @@ pub enum Command {
         slot: u32,
     },
     /// Let the first `count` vCPUs run (`--max-vcpus`): the guest can then
-    /// bring the new ones online. Fewer than run already changes nothing
-    /// (vCPUs are only added); more than the VM has is an error.
+    /// bring the new ones online. Fewer than run hold those past `count`
+    /// again (the guest must have taken them offline first); more than the
+    /// VM has is an error.
     #[serde(rename = "set_vcpus")]
     SetVcpus {
         count: u8,

@@ -433,24 +433,28 @@ impl Cri {
 
     /// ExecSync `cmd` in container `id`.
     pub fn exec(&self, id: &str, cmd: &[&str]) -> Exec {
+        self.try_exec(id, cmd, 300).unwrap_or_else(|e| {
+            panic!(
+                "ExecSync {cmd:?} in {id}: {e}\n{}",
+                self.containerd.diagnostics()
+            )
+        })
+    }
+
+    /// ExecSync `cmd` in container `id` with the kubelet's `timeout` in
+    /// seconds (an exec probe's `timeoutSeconds`); CRI's error as it is.
+    pub fn try_exec(&self, id: &str, cmd: &[&str], timeout: i64) -> Result<Exec, tonic::Status> {
         let req = cri::ExecSyncRequest {
             container_id: id.into(),
             cmd: cmd.iter().map(|s| s.to_string()).collect(),
-            timeout: 300,
+            timeout,
         };
-        let r = self
-            .call(|mut c| async move { c.exec_sync(req).await })
-            .unwrap_or_else(|e| {
-                panic!(
-                    "ExecSync {cmd:?} in {id}: {e}\n{}",
-                    self.containerd.diagnostics()
-                )
-            });
-        Exec {
+        let r = self.call(|mut c| async move { c.exec_sync(req).await })?;
+        Ok(Exec {
             code: r.exit_code,
             stdout: String::from_utf8_lossy(&r.stdout).into_owned(),
             stderr: String::from_utf8_lossy(&r.stderr).into_owned(),
-        }
+        })
     }
 
     /// Exec `cmd` in `id` through containerd's streaming server with a
@@ -469,6 +473,22 @@ impl Cri {
             .url
     }
 
+    /// Attach to container `id`'s stdin, stdout and stderr through
+    /// containerd's streaming server, without a terminal (as `kubectl
+    /// attach -i`): the URL to stream from.
+    pub fn attach_url(&self, id: &str) -> String {
+        let req = cri::AttachRequest {
+            container_id: id.into(),
+            stdin: true,
+            tty: false,
+            stdout: true,
+            stderr: true,
+        };
+        self.call(|mut c| async move { c.attach(req).await })
+            .unwrap_or_else(|e| panic!("Attach to {id}: {e}"))
+            .url
+    }
+
     /// StopContainer `id`, SIGKILL after `timeout` seconds.
     pub fn stop_container(&self, id: &str, timeout: i64) {
         let req = cri::StopContainerRequest {
@@ -482,7 +502,7 @@ impl Cri {
     }
 
     /// ContainerStatus of `id`: its state and exit code.
-    pub fn container_exit(&self, id: &str) -> (cri::ContainerState, i32) {
+    pub fn container_status(&self, id: &str) -> (cri::ContainerState, i32) {
         let req = cri::ContainerStatusRequest {
             container_id: id.into(),
             verbose: false,

@@ -153,26 +153,35 @@ fn namespaces_are_the_pods(cri: &Cri, ids: &[String]) {
 /// CRI log format (`<time> stdout F <line>`).
 fn logs_reach_log_path(cri: &Cri, pod: &str) {
     for name in ["one", "two"] {
-        let path = cri
-            .containerd
-            .dir()
-            .join("pod-logs")
-            .join(pod)
-            .join(format!("{name}.log"));
-        let want = format!(" stdout F hello from {name}");
-        let start = Instant::now();
-        loop {
-            let log = std::fs::read_to_string(&path).unwrap_or_default();
-            if log.lines().any(|l| l.ends_with(&want)) {
-                break;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(60),
-                "{} lacks {want:?}: {log:?}",
-                path.display()
-            );
-            std::thread::sleep(Duration::from_millis(500));
+        wait_for_log_line(cri, pod, name, &format!(" stdout F hello from {name}"));
+    }
+}
+
+/// Container `name`'s CRI log file in pod `pod`.
+fn log_file(cri: &Cri, pod: &str, name: &str) -> std::path::PathBuf {
+    cri.containerd
+        .dir()
+        .join("pod-logs")
+        .join(pod)
+        .join(format!("{name}.log"))
+}
+
+/// Wait up to a minute for a line of container `name`'s log that ends
+/// with `want`.
+fn wait_for_log_line(cri: &Cri, pod: &str, name: &str, want: &str) {
+    let path = log_file(cri, pod, name);
+    let start = Instant::now();
+    loop {
+        let log = std::fs::read_to_string(&path).unwrap_or_default();
+        if log.lines().any(|l| l.ends_with(want)) {
+            return;
         }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{} lacks {want:?}: {log:?}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(500));
     }
 }
 
@@ -234,27 +243,38 @@ fn pod_state(cri: &Cri, id: &str) -> String {
         .unwrap_or_default()
 }
 
-/// `kubectl exec -it`'s path: CRI Exec with a terminal, streamed over a
-/// WebSocket with Kubernetes' channel protocol (v4.channel.k8s.io: each
-/// binary message starts with its channel, 0 stdin, 1 stdout, 3 status).
-fn exec_with_a_terminal(cri: &Cri, id: &str) {
+/// A WebSocket to containerd's streaming server at `url` with Kubernetes'
+/// channel protocol (v4.channel.k8s.io: each binary message starts with
+/// its channel, 0 stdin, 1 stdout, 2 stderr, 3 status), reads bounded.
+fn stream_socket(url: &str) -> Stream {
     use tungstenite::client::IntoClientRequest;
-    use tungstenite::Message;
-    let url = cri.exec_stream_url(id, &["sh"]);
     let ws = url.replacen("http://", "ws://", 1);
     let mut req = ws.as_str().into_client_request().unwrap();
     req.headers_mut().insert(
         "Sec-WebSocket-Protocol",
         "v4.channel.k8s.io".parse().unwrap(),
     );
-    let (mut sock, _) = tungstenite::connect(req).unwrap_or_else(|e| panic!("{url}: {e}"));
+    let (sock, _) = tungstenite::connect(req).unwrap_or_else(|e| panic!("{url}: {e}"));
     if let tungstenite::stream::MaybeTlsStream::Plain(s) = sock.get_ref() {
         s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
     }
-    let stdin = |s: &str| Message::Binary([&[0u8][..], s.as_bytes()].concat().into());
-    sock.send(stdin("echo $((6*7)); tty; exit 3\n")).unwrap();
+    sock
+}
+
+type Stream = tungstenite::WebSocket<tungstenite::stream::MaybeTlsStream<std::net::TcpStream>>;
+
+/// Send `text` on the stream's stdin channel.
+fn send_stdin(sock: &mut Stream, text: &str) {
+    let msg = [&[0u8][..], text.as_bytes()].concat();
+    sock.send(tungstenite::Message::Binary(msg.into())).unwrap();
+}
+
+/// Read the stream's stdout and status channels until it ends, or until
+/// `enough` says stdout holds what is wanted.
+fn read_stream(sock: &mut Stream, enough: impl Fn(&str) -> bool) -> (String, String) {
+    use tungstenite::Message;
     let (mut out, mut status) = (String::new(), String::new());
-    loop {
+    while !enough(&out) {
         match sock.read() {
             Ok(Message::Binary(b)) => match b.split_first() {
                 Some((1, data)) => out.push_str(&String::from_utf8_lossy(data)),
@@ -265,6 +285,16 @@ fn exec_with_a_terminal(cri: &Cri, id: &str) {
             Ok(_) => {}
         }
     }
+    (out, status)
+}
+
+/// `kubectl exec -it`'s path: CRI Exec with a terminal, streamed over a
+/// WebSocket.
+fn exec_with_a_terminal(cri: &Cri, id: &str) {
+    let url = cri.exec_stream_url(id, &["sh"]);
+    let mut sock = stream_socket(&url);
+    send_stdin(&mut sock, "echo $((6*7)); tty; exit 3\n");
+    let (out, status) = read_stream(&mut sock, |_| false);
     let lines: Vec<&str> = out.lines().map(str::trim).collect();
     assert!(lines.contains(&"42"), "no 42 on the terminal: {out:?}");
     assert!(
@@ -276,6 +306,84 @@ fn exec_with_a_terminal(cri: &Cri, id: &str) {
         status.contains("NonZeroExitCode") && status.contains("\"message\":\"3\""),
         "status channel: {status:?}"
     );
+}
+
+/// `kubectl attach -i`'s path: a container made with stdin open answers
+/// what is written to it through CRI Attach, twice over two attaches (the
+/// first one's end does not close its stdin), and its answers are in its
+/// log too.
+fn attach_to_stdin(cri: &Cri, pod: &Pod, pod_name: &str, handler: &str) {
+    let id = cri
+        .create_container_edited(
+            pod,
+            "echo",
+            &["sh", "-c", "while read l; do echo \"got $l\"; done; echo stdin closed"],
+            |c| {
+                c.stdin = true;
+                c.stdin_once = false;
+            },
+        )
+        .unwrap();
+    cri.start_container(&id);
+    for word in ["first", "second"] {
+        let want = format!("got {word}-{handler}");
+        let mut sock = stream_socket(&cri.attach_url(&id));
+        send_stdin(&mut sock, &format!("{word}-{handler}\n"));
+        let (out, status) = read_stream(&mut sock, |o| o.lines().any(|l| l == want));
+        assert!(
+            out.lines().any(|l| l == want),
+            "{handler}: attached stdout lacks {want:?}: {out:?} (status {status:?})"
+        );
+        let _ = sock.close(None);
+        wait_for_log_line(cri, pod_name, "echo", &format!(" stdout F {want}"));
+    }
+    let log = std::fs::read_to_string(log_file(cri, pod_name, "echo")).unwrap_or_default();
+    assert!(
+        !log.contains("stdin closed"),
+        "{handler}: the first attach's end closed the container's stdin: {log:?}"
+    );
+    let (state, _) = cri.container_status(&id);
+    assert_eq!(state, cri::ContainerState::ContainerRunning, "{handler}");
+}
+
+/// An ExecSync given a timeout (an exec probe's `timeoutSeconds`) that its
+/// command outlives: a CRI error that says the timeout passed, no sooner,
+/// and the command is killed, not left running in the container.
+fn exec_sync_times_out(cri: &Cri, id: &str, handler: &str) {
+    const TIMEOUT: i64 = 2;
+    let asked = Instant::now();
+    let e = cri
+        .try_exec(id, &["sh", "-c", "echo $$ > /probe.pid; exec sleep 600"], TIMEOUT)
+        .expect_err("a command that outlives its ExecSync timeout");
+    let took = asked.elapsed();
+    assert!(
+        e.message().contains("timeout") && e.message().contains("exceeded"),
+        "{handler}: {e:?}"
+    );
+    assert!(
+        took >= Duration::from_secs(TIMEOUT as u64) - Duration::from_millis(200)
+            && took < Duration::from_secs(120),
+        "{handler}: the {TIMEOUT} s ExecSync ended after {took:?}"
+    );
+    let pid = cri.exec(id, &["cat", "/probe.pid"]);
+    assert_eq!(pid.code, 0, "{handler}: the command never ran: {pid:?}");
+    let pid = pid.stdout.trim().to_string();
+    assert!(pid.parse::<u32>().is_ok(), "{handler}: {pid:?}");
+    let start = Instant::now();
+    loop {
+        let alive = cri.exec(id, &["kill", "-0", &pid]);
+        if alive.code != 0 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{handler}: the timed-out command (pid {pid}) still runs"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    // The container goes on: a later ExecSync answers.
+    let e = cri.try_exec(id, &["echo", "after"], TIMEOUT).unwrap();
+    assert_eq!((e.code, e.stdout.trim()), (0, "after"), "{handler}");
 }
 
 fn host_boot_id() -> String {
@@ -723,8 +831,8 @@ fn grows_with_its_containers(cri: &Cri, handler: &str) {
 /// MemTotal) checkpointed by name and removed, then restored as a new
 /// pod: its containers taken over by name find the grown VM, and a third
 /// container's limits are added to what the first two still ask for (a
-/// restore that forgot them would not grow for it). Returns the
-/// checkpoint's directory.
+/// restore that forgot them would not grow for it); once the third is
+/// removed, the VM shrinks back. Returns the checkpoint's directory.
 fn grown_pod_restored_grows_on(cri: &Cri, pod: &str, memory_kib: u64) -> std::path::PathBuf {
     let out = burrow_sandbox(cri, &["checkpoint", pod, "grown"]);
     let named = cri.containerd.snapshot_dir().join(".checkpoints").join("grown");
@@ -767,8 +875,35 @@ fn grown_pod_restored_grows_on(cri: &Cri, pod: &str, memory_kib: u64) -> std::pa
         "the third container's 64 MiB added to the restored VM: {total} -> {grown} kB"
     );
     assert_eq!(vmm_pids(cri).len(), 1, "one VM for the restored pod");
+
+    // The third leaves: the VM gives back the vCPU and the memory only it
+    // needed (the guest unplugs what it can free, in its own time).
+    cri.stop_container(&third, 0);
+    cri.remove_container(&third);
+    let cpus = wait_for(|| cpus_online(cri, &ids[0]), |n| *n == 4);
+    assert_eq!(cpus, 4, "the third container's vCPU given back");
+    let back = wait_for(|| machine_seen(cri, &ids[0]).0, |kib| *kib <= total + 2 * 1024);
+    assert!(
+        back <= total + 2 * 1024,
+        "the third container's 64 MiB given back: {total} -> {grown} -> {back} kB"
+    );
+    for id in &ids {
+        assert_eq!(cri.exec(id, &["true"]).code, 0, "a member after the VM shrank");
+    }
     cri.remove_pod(&pod.id);
     named
+}
+
+/// `probe()` once `done` holds of it, or what it is after 60 s.
+fn wait_for<T>(probe: impl Fn() -> T, done: impl Fn(&T) -> bool) -> T {
+    let start = Instant::now();
+    loop {
+        let v = probe();
+        if done(&v) || start.elapsed() > Duration::from_secs(60) {
+            return v;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }
 
 /// What `id` sees of its machine: MemTotal (kB) and its processors.
@@ -1006,9 +1141,11 @@ fn fetch_from(cri: &Cri, id: &str, url: &str) -> String {
 /// CRI error that leaves the three running: an image that is not there, a
 /// relative working directory, a program the image lacks. And
 /// StopContainer's grace period, for a container that exits on SIGTERM
-/// and one that ignores it.
+/// and one that ignores it. An ExecSync that outlives its timeout, and
+/// Attach to a container's stdin.
 fn three_containers_and_bad_input(cri: &Cri, handler: &str, port: u16) {
-    let pod = cri.run_pod(&format!("three-{handler}"), handler);
+    let pod_name = format!("three-{handler}");
+    let pod = cri.run_pod(&pod_name, handler);
     let serve = format!(
         "mkdir -p /www && echo served by web > /www/index.html && \
          exec httpd -f -p 127.0.0.1:{port} -h /www"
@@ -1092,7 +1229,7 @@ fn three_containers_and_bad_input(cri: &Cri, handler: &str, port: u16) {
         assert_eq!(e.code, 0, "{handler} {name}: {e:?}");
         let asked = Instant::now();
         cri.stop_container(&id, GRACE);
-        let (state, code) = cri.container_exit(&id);
+        let (state, code) = cri.container_status(&id);
         assert_eq!(state, cri::ContainerState::ContainerExited, "{handler} {name}");
         (code, asked.elapsed())
     };
@@ -1111,6 +1248,9 @@ fn three_containers_and_bad_input(cri: &Cri, handler: &str, port: u16) {
         "{handler}: killed after {took:?}, before the {GRACE} s grace period"
     );
 
+    exec_sync_times_out(cri, &ids[1], handler);
+    attach_to_stdin(cri, &pod, &pod_name, handler);
+
     // The three are untouched.
     for id in &ids[1..] {
         assert_eq!(
@@ -1126,7 +1266,7 @@ fn three_containers_and_bad_input(cri: &Cri, handler: &str, port: u16) {
 
 #[test]
 fn burrow_pod_of_three_shares_localhost_and_refuses_bad_input() {
-    let cri = Cri::start_with("cri-burrow-three", "pod_disk_slots = 6");
+    let cri = Cri::start_with("cri-burrow-three", "pod_disk_slots = 8");
     three_containers_and_bad_input(&cri, "burrow", 47101);
 }
 

@@ -32,25 +32,26 @@ fn online_in(dir: &Path, count: u32) -> Result<u32> {
         )));
     }
     for cpu in (count..present).rev() {
-        let file = dir.join(format!("cpu{cpu}/online"));
-        if read(&file)? == "0" {
-            continue;
-        }
-        std::fs::write(&file, b"0").map_err(|e| {
-            AgentError::FailedPrecondition(format!("taking CPU {cpu} offline: {e}"))
-        })?;
+        set_online(dir, cpu, false)?;
     }
     for cpu in 1..count {
-        let file = dir.join(format!("cpu{cpu}/online"));
-        if read(&file)? == "1" {
-            continue;
-        }
-        std::fs::write(&file, b"1").map_err(|e| {
-            AgentError::FailedPrecondition(format!("bringing CPU {cpu} online: {e}"))
-        })?;
+        set_online(dir, cpu, true)?;
     }
     count_list(&read(&dir.join("online"))?)
         .ok_or_else(|| AgentError::Internal("unreadable list of online CPUs".into()))
+}
+
+/// Bring CPU `cpu` online (`on`) or take it offline, unless it already is.
+fn set_online(dir: &Path, cpu: u32, on: bool) -> Result<()> {
+    let file = dir.join(format!("cpu{cpu}/online"));
+    let want = if on { "1" } else { "0" };
+    if read(&file)? == want {
+        return Ok(());
+    }
+    std::fs::write(&file, want).map_err(|e| {
+        let what = if on { "online" } else { "offline" };
+        AgentError::FailedPrecondition(format!("taking CPU {cpu} {what}: {e}"))
+    })
 }
 
 /// How many CPUs a sysfs CPU list (`0-2,4`) names; none if it is not one.

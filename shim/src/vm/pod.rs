@@ -343,13 +343,24 @@ impl VmSandbox {
         } else {
             check_fits(c, handle.memory_mib, cfg.memory_mib.overhead)?;
         }
-        let (mut guest_spec, _) = self.guest_spec(c)?;
-        keep_pod_namespaces(&c.spec, &mut guest_spec);
-        let spec_json = serde_json::to_vec(&guest_spec)
-            .ok()
-            .filter(|j| j.len() <= burrow_protocol::MAX_SPEC_BYTES)
-            .ok_or_else(|| SandboxError::InvalidArgument("the OCI spec is too large".into()))?;
-        let slot = self.slots.take(&c.id)?;
+        let prepared = || -> Result<_> {
+            let (mut guest_spec, _) = self.guest_spec(c)?;
+            keep_pod_namespaces(&c.spec, &mut guest_spec);
+            let spec_json = serde_json::to_vec(&guest_spec)
+                .ok()
+                .filter(|j| j.len() <= burrow_protocol::MAX_SPEC_BYTES)
+                .ok_or_else(|| SandboxError::InvalidArgument("the OCI spec is too large".into()))?;
+            let slot = self.slots.take(&c.id)?;
+            Ok((guest_spec, spec_json, slot))
+        };
+        let (guest_spec, spec_json, slot) = match prepared() {
+            Ok(p) => p,
+            Err(e) => {
+                // The memory grown for it goes back.
+                self.fit_to_members(&c.id).await;
+                return Err(e);
+            }
+        };
         // More vCPUs first, so the container starts with them.
         let cpu = c.spec.pointer("/linux/resources/cpu");
         if let Err(e) = self.grow_for(&c.id, cpu).await {

@@ -338,9 +338,11 @@ impl Growth {
         (need != p.running).then_some(need)
     }
 
+    /// The guest says `count` vCPUs are online (its word: bounded by the
+    /// VM's own).
     fn ran(&self, count: u32) {
         if let Some(p) = self.lock().as_mut() {
-            p.running = count;
+            p.running = count.clamp(1, p.max.max(1));
         }
     }
 

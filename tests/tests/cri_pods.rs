@@ -880,9 +880,11 @@ fn grown_pod_restored_grows_on(cri: &Cri, pod: &str, memory_kib: u64) -> std::pa
     // needed (the guest unplugs what it can free, in its own time).
     cri.stop_container(&third, 0);
     cri.remove_container(&third);
-    let cpus = wait_for(|| cpus_online(cri, &ids[0]), |n| *n == 4);
+    let cpus = wait_for(Duration::from_secs(60), || cpus_online(cri, &ids[0]), |n| *n == 4);
     assert_eq!(cpus, 4, "the third container's vCPU given back");
-    let back = wait_for(|| machine_seen(cri, &ids[0]).0, |kib| *kib <= total + 2 * 1024);
+    let back = wait_for(Duration::from_secs(60), || machine_seen(cri, &ids[0]).0, |kib| {
+        *kib <= total + 2 * 1024
+    });
     assert!(
         back <= total + 2 * 1024,
         "the third container's 64 MiB given back: {total} -> {grown} -> {back} kB"
@@ -894,12 +896,12 @@ fn grown_pod_restored_grows_on(cri: &Cri, pod: &str, memory_kib: u64) -> std::pa
     named
 }
 
-/// `probe()` once `done` holds of it, or what it is after 60 s.
-fn wait_for<T>(probe: impl Fn() -> T, done: impl Fn(&T) -> bool) -> T {
+/// `probe()` once `done` holds of it, or what it is after `limit`.
+fn wait_for<T>(limit: Duration, probe: impl Fn() -> T, done: impl Fn(&T) -> bool) -> T {
     let start = Instant::now();
     loop {
         let v = probe();
-        if done(&v) || start.elapsed() > Duration::from_secs(60) {
+        if done(&v) || start.elapsed() > limit {
             return v;
         }
         std::thread::sleep(Duration::from_millis(500));
@@ -923,14 +925,7 @@ fn machine_seen(cri: &Cri, id: &str) -> (u64, usize) {
 /// `id`'s MemTotal (kB) once it is at least `kib`, or what it is after
 /// 30 s: the guest onlines memory it plugged a moment after the plug.
 fn memtotal_reaching(cri: &Cri, id: &str, kib: u64) -> u64 {
-    let start = Instant::now();
-    loop {
-        let (total, _) = machine_seen(cri, id);
-        if total >= kib || start.elapsed() > Duration::from_secs(30) {
-            return total;
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    wait_for(Duration::from_secs(30), || machine_seen(cri, id).0, |total| *total >= kib)
 }
 
 /// A pod whose containers declare limits and no burrow annotation: the

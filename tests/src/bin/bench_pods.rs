@@ -87,7 +87,7 @@ fn one_run(cri: &Cri, handler: &str, n: usize) -> Run {
         cri.start_container(&id);
     }
     let three = t.elapsed().as_secs_f64();
-    let kib: u64 = pids().difference(&before).map(|&p| pss_kib(p)).sum();
+    let mib = added_mib(&before);
     let t = Instant::now();
     cri.remove_pod(&pod.id);
     Run {
@@ -95,7 +95,7 @@ fn one_run(cri: &Cri, handler: &str, n: usize) -> Run {
         first_started,
         first_exec,
         three,
-        mib: kib as f64 / 1024.0,
+        mib,
         teardown: t.elapsed().as_secs_f64(),
     }
 }

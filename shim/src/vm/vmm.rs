@@ -200,28 +200,6 @@ impl Vmm {
         }
     }
 
-    /// Wait for the API socket to appear (the VMM creates it while building
-    /// the VM).
-    pub async fn wait_api(&self, timeout: Duration) -> Result<()> {
-        let start = tokio::time::Instant::now();
-        loop {
-            if self.exit_reason().is_some() {
-                return Err(self.exit_error("starting", "no API socket"));
-            }
-            if connect(&self.api).await.is_ok() {
-                return Ok(());
-            }
-            if start.elapsed() > timeout {
-                return Err(SandboxError::Timeout(format!(
-                    "burrow-vmm did not open its API socket {} within {}s",
-                    self.api.display(),
-                    timeout.as_secs()
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
     /// Freeze the vCPUs.
     pub async fn pause(&self) -> Result<()> {
         self.command(Command::Pause, COMMAND_TIMEOUT)

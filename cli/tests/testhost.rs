@@ -322,3 +322,101 @@ fn a_failure_of_ours_is_not_retried_even_a_guest_triple_fault() {
     let retries = std::fs::read_to_string(dir.path().join("retries")).unwrap_or_default();
     assert_eq!(retries, "", "no retry");
 }
+
+/// A stand-in libtest binary for hack/run-test-binaries inside the
+/// stand-in test host: `fine` passes, `ours` fails with a message of ours,
+/// `cpu` fails in attempt 1 with a guest console that shows the test
+/// host's CPU fault (tests/src/cpu_fault.rs) and passes after. It runs the
+/// tests named after `--exact`, else all, and answers `--list`.
+fn fake_libtest(dir: &std::path::Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join("fake");
+    let script = r#"#!/bin/bash
+if [[ $1 == --list ]]; then printf 'cpu: test\nfine: test\nours: test\n'; exit 0; fi
+tests=(cpu fine ours)
+for ((i = 1; i <= $#; i++)); do
+    [[ ${!i} == --exact ]] && tests=("${@:i+1}")
+done
+echo "running ${#tests[@]} tests"
+failed=()
+for t in "${tests[@]}"; do
+    if [[ $t == ours || ( $t == cpu && $BURROW_TESTHOST_ATTEMPT == 1 ) ]]; then
+        echo "test $t ... FAILED"; failed+=("$t")
+    else
+        echo "test $t ... ok"
+    fi
+done
+((${#failed[@]})) || { echo "test result: ok."; exit 0; }
+printf '\nfailures:\n\n'
+for t in "${failed[@]}"; do
+    echo "---- $t stdout ----"
+    if [[ $t == cpu ]]; then
+        echo "a computing guest went to sleep"
+        echo "burrow-tests: test-host CPU fault: /run/x/console.log: asm_sysvec_apic_timer_interrupt was entered again"
+    else
+        echo "assertion failed: ours"
+    fi
+    echo
+done
+printf '\nfailures:\n'
+printf '    %s\n' "${failed[@]}"
+echo "test result: FAILED."
+exit 101
+"#;
+    std::fs::write(&path, script).expect("write the stand-in libtest binary");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    path
+}
+
+/// A test that failed on the test host's emulated CPU (a guest console
+/// with an interrupt delivered twice) runs once more in a fresh test host,
+/// alone, as a retry the record shows; a failure of ours beside it in the
+/// same binary stays failed and is not run again.
+#[test]
+fn a_test_failed_on_the_test_hosts_cpu_fault_runs_again_and_ours_stays_failed() {
+    let _turn = turn();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = fake_libtest(dir.path());
+    let (var, stand_in) = stand_in_testhost(dir.path());
+    let script = format!("exec hack/run-test-binaries {} {} --", dir.path().display(), fake.display());
+    let out = run_vm_binary_with(dir.path(), &script, &[(var, &stand_in), ("TESTHOST", "1")]);
+    let all = output_of(&out);
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(out.status.code(), Some(1), "ours failed: {all}");
+    assert_eq!(
+        retry_lines(dir.path()),
+        ["selftest CPU fault in a guest (an interrupt delivered twice)"],
+        "{all}"
+    );
+    assert!(stdout.contains("fake: 1 of 3 tests left after the earlier attempt"), "only cpu again: {all}");
+    for line in ["test cpu ... ok", "test fine ... ok", "test ours ... FAILED"] {
+        assert!(stdout.lines().any(|l| l == line), "{line:?} shown: {all}");
+    }
+    assert!(!stdout.lines().any(|l| l == "test cpu ... FAILED"), "cpu's first failure is not carried: {all}");
+    assert!(
+        stdout.contains("test result: FAILED. 1 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out; finished in earlier attempts"),
+        "{all}"
+    );
+    assert!(all.contains("test-host CPU fault in fake:cpu"), "{all}");
+}
+
+/// With hardware KVM (no test host) the same console is a plain failure.
+#[test]
+fn outside_a_test_host_the_cpu_fault_is_a_plain_failure() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = fake_libtest(dir.path());
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = Command::new(root.join("hack/run-test-binaries"))
+        .arg(dir.path())
+        .arg(&fake)
+        .arg("--")
+        .env_remove("TESTHOST")
+        .env_remove("BURROW_TESTS_DONE")
+        .env("BURROW_TESTHOST_ATTEMPT", "1")
+        .output()
+        .expect("run hack/run-test-binaries");
+    let all = output_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(all.contains("fake:cpu failed with a guest console that looks like"), "{all}");
+    assert!(!all.contains("test-host CPU fault in"), "{all}");
+}

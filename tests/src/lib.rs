@@ -7,6 +7,7 @@
 
 pub mod cni;
 pub mod containerd;
+pub mod cpu_fault;
 pub mod cri;
 pub mod devmapper;
 pub mod dns;
@@ -142,7 +143,10 @@ pub mod agent_vm {
         pub fn diagnostics(&self) -> String {
             let serial = std::fs::read_to_string(self.dir.join("serial.log")).unwrap_or_default();
             let stderr = std::fs::read_to_string(self.dir.join("stderr")).unwrap_or_default();
-            format!("--- serial ---\n{serial}\n--- burrow-vmm stderr ---\n{stderr}")
+            let fault = crate::cpu_fault::redelivered_interrupt(&serial)
+                .map(|f| format!("\n{} serial: {f}", crate::cpu_fault::MARKER))
+                .unwrap_or_default();
+            format!("--- serial ---\n{serial}\n--- burrow-vmm stderr ---\n{stderr}{fault}")
         }
 
         /// Wait up to `timeout` for burrow-vmm to exit.

@@ -681,8 +681,8 @@ impl Containerd {
                 let lines: Vec<&str> = text.lines().collect();
                 let tail = lines[lines.len().saturating_sub(30)..].join("\n");
                 out.push_str(&format!("--- {} (tail) ---\n{tail}\n", f.display()));
-                if let Some(fault) = crate::cpu_fault::redelivered_interrupt(&text) {
-                    out.push_str(&format!("{} {}: {fault}\n", crate::cpu_fault::MARKER, f.display()));
+                if let Some(fault) = crate::cpu_fault::marker_line(&text, &f.display().to_string()) {
+                    out.push_str(&format!("{fault}\n"));
                 }
             }
         }

@@ -81,6 +81,12 @@ pub fn redelivered_interrupt(console: &str) -> Option<String> {
     None
 }
 
+/// The line a failure message carries for `console` (read from `source`)
+/// when it shows the fault, starting with [`MARKER`]; `None` when not.
+pub fn marker_line(console: &str, source: &str) -> Option<String> {
+    redelivered_interrupt(console).map(|f| format!("{MARKER} {source}: {f}"))
+}
+
 /// The line without the kernel's `[ seconds]` prefix, trimmed.
 fn without_timestamp(line: &str) -> &str {
     let t = line.trim_start();
@@ -117,6 +123,10 @@ mod tests {
         let got = redelivered_interrupt(CI).expect("CI's console shows it");
         assert!(got.contains("asm_sysvec_apic_timer_interrupt was entered again"), "{got}");
         assert!(got.contains("EFLAGS 00000097"), "{got}");
+        // One line, the marker first: what hack/run-test-binaries looks for.
+        let line = marker_line(CI, "console.log").expect("a marker line");
+        assert!(line.starts_with("burrow-tests: test-host CPU fault: console.log: "), "{line}");
+        assert!(!line.contains('\n'), "{line}");
     }
 
     #[test]

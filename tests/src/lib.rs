@@ -143,8 +143,8 @@ pub mod agent_vm {
         pub fn diagnostics(&self) -> String {
             let serial = std::fs::read_to_string(self.dir.join("serial.log")).unwrap_or_default();
             let stderr = std::fs::read_to_string(self.dir.join("stderr")).unwrap_or_default();
-            let fault = crate::cpu_fault::redelivered_interrupt(&serial)
-                .map(|f| format!("\n{} serial: {f}", crate::cpu_fault::MARKER))
+            let fault = crate::cpu_fault::marker_line(&serial, "serial.log")
+                .map(|f| format!("\n{f}"))
                 .unwrap_or_default();
             format!("--- serial ---\n{serial}\n--- burrow-vmm stderr ---\n{stderr}{fault}")
         }

@@ -62,10 +62,13 @@ impl Vm {
 
     fn diagnostics(&self) -> String {
         let stderr = std::fs::read_to_string(&self.stderr).unwrap_or_default();
+        let serial = self.serial_text();
+        let fault = burrow_tests::cpu_fault::marker_line(&serial, &self.name)
+            .map(|f| format!("\n{f}"))
+            .unwrap_or_default();
         format!(
-            "--- {} serial ---\n{}\n--- burrow-vmm stderr ---\n{stderr}",
-            self.name,
-            self.serial_text()
+            "--- {} serial ---\n{serial}\n--- burrow-vmm stderr ---\n{stderr}{fault}",
+            self.name
         )
     }
 

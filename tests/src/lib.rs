@@ -14,6 +14,16 @@ pub mod dns;
 pub mod jailed;
 pub mod ps;
 
+/// A burrow-vmm run's serial console (under the header `--- TITLE ---`)
+/// and stderr, for failure messages, with the marker line of the test
+/// host's CPU fault (`cpu_fault`) when the console shows it.
+pub fn vm_diagnostics(title: &str, serial: &str, stderr: &str) -> String {
+    let fault = cpu_fault::marker_line(serial, title)
+        .map(|f| format!("\n{f}"))
+        .unwrap_or_default();
+    format!("--- {title} ---\n{serial}\n--- burrow-vmm stderr ---\n{stderr}{fault}")
+}
+
 /// A terminal size for TIOCSWINSZ (tests that drive a PTY).
 pub fn winsize(rows: u16, cols: u16) -> libc::winsize {
     libc::winsize {
@@ -143,10 +153,7 @@ pub mod agent_vm {
         pub fn diagnostics(&self) -> String {
             let serial = std::fs::read_to_string(self.dir.join("serial.log")).unwrap_or_default();
             let stderr = std::fs::read_to_string(self.dir.join("stderr")).unwrap_or_default();
-            let fault = crate::cpu_fault::marker_line(&serial, "serial.log")
-                .map(|f| format!("\n{f}"))
-                .unwrap_or_default();
-            format!("--- serial ---\n{serial}\n--- burrow-vmm stderr ---\n{stderr}{fault}")
+            crate::vm_diagnostics("serial", &serial, &stderr)
         }
 
         /// Wait up to `timeout` for burrow-vmm to exit.

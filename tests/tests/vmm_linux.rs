@@ -59,11 +59,7 @@ impl Vm {
 
     fn diagnostics(&self) -> String {
         let stderr = std::fs::read_to_string(self.dir.join("stderr")).unwrap_or_default();
-        let serial = self.serial_text();
-        let fault = burrow_tests::cpu_fault::marker_line(&serial, "serial.log")
-            .map(|f| format!("\n{f}"))
-            .unwrap_or_default();
-        format!("--- serial ---\n{serial}\n--- burrow-vmm stderr ---\n{stderr}{fault}")
+        burrow_tests::vm_diagnostics("serial", &self.serial_text(), &stderr)
     }
 
     fn wait_for_serial(&mut self, marker: &str) {

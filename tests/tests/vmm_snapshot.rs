@@ -62,14 +62,7 @@ impl Vm {
 
     fn diagnostics(&self) -> String {
         let stderr = std::fs::read_to_string(&self.stderr).unwrap_or_default();
-        let serial = self.serial_text();
-        let fault = burrow_tests::cpu_fault::marker_line(&serial, &self.name)
-            .map(|f| format!("\n{f}"))
-            .unwrap_or_default();
-        format!(
-            "--- {} serial ---\n{serial}\n--- burrow-vmm stderr ---\n{stderr}{fault}",
-            self.name
-        )
+        burrow_tests::vm_diagnostics(&format!("{} serial", self.name), &self.serial_text(), &stderr)
     }
 
     fn wait_for(&mut self, what: &str, ok: impl Fn(&str) -> bool) {

@@ -141,6 +141,18 @@ mod tests {
         assert!(!line.contains('\n'), "{line}");
     }
 
+    /// hack/run-test-binaries looks for the marker by its own literal, and
+    /// a VM's diagnostics carry it on a line of its own.
+    #[test]
+    fn the_scripts_and_the_diagnostics_carry_the_same_marker() {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../hack/run-test-binaries");
+        let text = std::fs::read_to_string(script).expect("read hack/run-test-binaries");
+        assert!(text.contains(&format!("index($0, \"{MARKER}\") == 1")), "{script} looks for another marker");
+        let d = crate::vm_diagnostics("serial", CI, "");
+        assert!(d.lines().any(|l| l.starts_with(MARKER)), "{d}");
+        assert!(!crate::vm_diagnostics("serial", "", "").contains(MARKER));
+    }
+
     #[test]
     fn the_same_with_interrupts_enabled_is_not_it() {
         let c = CI.replace("EFLAGS: 00000097", "EFLAGS: 00000297");
